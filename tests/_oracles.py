@@ -1,0 +1,29 @@
+"""Plain Python loops that define what torchscan computes, written without torchscan's code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+
+def scan_loop(fn, init, xs=None, *, length=None, axis=0, reverse=False) -> tuple[Any, Any]:
+    """``scan`` as the hand-written loop: index every leaf with ``select``, stack at the end."""
+    leaves = [leaf for leaf in pytree.tree_leaves(xs) if leaf is not None]
+    n = leaves[0].shape[axis] if leaves else length
+    carry, ys = init, [None] * n
+    for t in reversed(range(n)) if reverse else range(n):
+        x = pytree.tree_map(lambda leaf, t=t: None if leaf is None else leaf.select(axis, t), xs)
+        carry, ys[t] = fn(carry, x)
+    return carry, stack_trees(ys, axis)
+
+
+def stack_trees(trees: list[Any], axis: int) -> Any:
+    flat = [pytree.tree_flatten(tree) for tree in trees]
+    spec = flat[0][1]
+    columns = zip(*(leaves for leaves, _ in flat), strict=True)
+    stacked = [
+        None if column[0] is None else torch.stack(list(column), dim=axis) for column in columns
+    ]
+    return pytree.tree_unflatten(stacked, spec)

@@ -1,0 +1,21 @@
+import os
+
+import hypothesis
+import pytest
+import torch
+
+# Several cores would make timings irrelevant here anyway; one keeps results bit-reproducible.
+torch.set_num_threads(1)
+
+hypothesis.settings.register_profile(
+    "default", deadline=None, max_examples=40, derandomize=True, print_blob=True
+)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+DEVICES = ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=[d for d in DEVICES if d != "meta"])
+def device(request) -> str:
+    """Every real device this machine has: the CPU, and a GPU where there is one."""
+    return request.param

@@ -1,0 +1,39 @@
+"""Every script in examples/ and benchmarks/ runs to the end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+# Small sizes: these runs show that the scripts work, the figures come from full runs.
+BENCHMARKS = {"eager_scan.py": ["--T", "8", "--B", "2", "--H", "4", "--repeats", "3"]}
+
+
+def run(script: Path, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_runs(script: Path) -> None:
+    run(script)
+
+
+def test_every_benchmark_is_exercised() -> None:
+    assert sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")) == sorted(BENCHMARKS)
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_benchmark_runs_and_prints_ratios(name: str) -> None:
+    output = run(ROOT / "benchmarks" / name, *BENCHMARKS[name])
+    rows = [line for line in output.splitlines() if line.startswith("| forward")]
+    assert len(rows) == 9
+    assert all(float(row.split("|")[-2]) > 0 for row in rows)

@@ -1,0 +1,338 @@
+"""Every error ``torchscan.scan`` raises for a user mistake, pinned as the full message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchscan
+
+
+def identity(carry, x):
+    return carry, None
+
+
+def errors(error: type[Exception], *lines: str):
+    """Expect ``error`` whose message is exactly ``lines`` joined by newlines."""
+
+    class Matcher:
+        def __enter__(self):
+            self.context = pytest.raises(error)
+            self.info = self.context.__enter__()
+            return self.info
+
+        def __exit__(self, *exc):
+            suppressed = self.context.__exit__(*exc)
+            assert str(self.info.value) == "\n".join(lines)
+            return suppressed
+
+    return Matcher()
+
+
+def test_fn_not_callable() -> None:
+    with errors(TypeError, "torchscan.scan: fn must be callable, but got an int."):
+        torchscan.scan(3, None, torch.ones(3))
+
+
+def test_xs_lengths_differ() -> None:
+    with errors(
+        ValueError,
+        "torchscan.scan: every leaf of xs must have the same length along the scanned axis, "
+        "and length must agree with it, but:",
+        "  * xs['a'] has length 3 along axis 0",
+        "  * xs['b'][0] has length 4 along axis 0",
+    ):
+        torchscan.scan(identity, None, {"a": torch.ones(3, 2), "b": [torch.ones(4)]})
+
+
+def test_xs_lengths_differ_along_negative_axis() -> None:
+    with errors(
+        ValueError,
+        "torchscan.scan: every leaf of xs must have the same length along the scanned axis, "
+        "and length must agree with it, but:",
+        "  * xs[0] has length 2 along axis 1",
+        "  * xs[1] has length 5 along axis 0",
+    ):
+        torchscan.scan(identity, None, (torch.ones(3, 2), torch.ones(5)), axis=-1)
+
+
+def test_length_disagrees_with_xs() -> None:
+    with errors(
+        ValueError,
+        "torchscan.scan: every leaf of xs must have the same length along the scanned axis, "
+        "and length must agree with it, but:",
+        "  * xs has length 3 along axis 0",
+        "  * length=4 was given",
+    ):
+        torchscan.scan(identity, None, torch.ones(3), length=4)
+
+
+def test_no_xs_and_no_length() -> None:
+    with errors(
+        ValueError,
+        "torchscan.scan: length is needed when xs has no tensors (xs is None); "
+        "pass length=<number of steps>.",
+    ):
+        torchscan.scan(identity, torch.ones(2))
+
+
+def test_negative_length() -> None:
+    with errors(ValueError, "torchscan.scan: length must be non-negative, but got -1."):
+        torchscan.scan(identity, None, length=-1)
+
+
+def test_length_not_an_int() -> None:
+    with errors(TypeError, "torchscan.scan: length must be an int, but got a float."):
+        torchscan.scan(identity, None, length=2.0)
+
+
+def test_axis_out_of_range() -> None:
+    with errors(
+        ValueError,
+        "torchscan.scan: axis=2 does not fit every leaf of xs:",
+        "  * xs[0] has shape (3, 4), so axis must be in [-2, 1]",
+        "  * xs[2] is a 0-d tensor and has no axis to scan over",
+    ):
+        torchscan.scan(
+            identity, None, [torch.ones(3, 4), torch.ones(3, 4, 5), torch.tensor(1.0)], axis=2
+        )
+
+
+def test_axis_not_an_int() -> None:
+    with errors(TypeError, "torchscan.scan: axis must be an int, but got a bool."):
+        torchscan.scan(identity, None, torch.ones(3), axis=True)
+
+
+def test_axis_does_not_fit_y() -> None:
+    with errors(
+        ValueError,
+        "torchscan.scan: axis=2 is also the axis that ys are stacked on, and it does not fit "
+        "every leaf of y:",
+        "  * y['sum'] has shape (), so ys gets rank 1 and axis must be in [-1, 0]",
+    ):
+        torchscan.scan(
+            lambda c, x: (c, {"sum": x.sum(), "x": x}), None, torch.ones(2, 2, 3), axis=2
+        )
+
+
+def test_carry_changes_shape() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its type, but fn changed it in its first step:",
+        "  * carry['h'] has shape (4,) but fn returned shape (1, 4)",
+        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
+        "init).",
+    ):
+        torchscan.scan(
+            lambda c, x: ({"h": c["h"] + x[:, None]}, None), {"h": torch.ones(4)}, torch.ones(3, 1)
+        )
+
+
+def test_carry_changes_dtype() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its type, but fn changed it in its first step:",
+        "  * carry[0] has dtype torch.float32 but fn returned dtype torch.float64",
+        "  * carry[1] has dtype torch.int64 but fn returned dtype torch.float32",
+        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
+        "init).",
+    ):
+        torchscan.scan(
+            lambda c, x: ((c[0] + x.double(), c[1] + x), None),
+            (torch.ones(2), torch.ones(2, dtype=torch.int64)),
+            torch.ones(3, 2),
+        )
+
+
+def test_carry_changes_device() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its type, but fn changed it in its first step:",
+        "  * carry has device cpu but fn returned device meta",
+        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
+        "init).",
+    ):
+        torchscan.scan(lambda c, x: (c.to("meta"), None), torch.ones(2), torch.ones(3, 2))
+
+
+def test_carry_changes_structure() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its structure, but fn changed it in its first step:",
+        "  * init has structure {'h': *, 'c': *}",
+        "  * fn returned structure ({'h': *, 'c': *}, *)",
+        "Return a carry built like init.",
+    ):
+        torchscan.scan(
+            lambda c, x: ((c, x), None), {"h": torch.ones(2), "c": torch.ones(2)}, torch.ones(3)
+        )
+
+
+def test_carry_becomes_none() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its type, but fn changed it in its first step:",
+        "  * carry['c'] is float32[2] on cpu in init but fn returned None",
+        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
+        "init).",
+    ):
+        torchscan.scan(lambda c, x: ({"c": None}, None), {"c": torch.ones(2)}, torch.ones(3))
+
+
+def test_carry_changes_in_a_later_step() -> None:
+    def grows_late(carry, x):
+        return (carry if x.item() < 2 else carry.repeat(2)), None
+
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its type, but fn changed it in a later step:",
+        "  * carry has shape (2,) but fn returned shape (4,)",
+        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
+        "init).",
+    ):
+        torchscan.scan(grows_late, torch.ones(2), torch.arange(3.0))
+
+
+@pytest.mark.parametrize(
+    ("result", "description"),
+    [
+        (lambda c: c, "float32[2] on cpu"),
+        (lambda c: (c, c, c), "a tuple of length 3"),
+        (lambda c: [c, c], "a list"),
+    ],
+    ids=["tensor", "triple", "list"],
+)
+def test_fn_does_not_return_a_pair(result, description: str) -> None:
+    with errors(
+        TypeError,
+        f"torchscan.scan: fn must return a pair (carry, y), but it returned {description}.",
+    ):
+        torchscan.scan(lambda c, x: result(c), torch.ones(2), torch.ones(3))
+
+
+def test_fn_stops_returning_a_pair_in_a_later_step() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: fn must return a pair (carry, y), but it returned a tuple of length 3.",
+    ):
+        torchscan.scan(
+            lambda c, x: (c, x) if x.item() < 1 else (c, x, x), torch.ones(2), torch.arange(3.0)
+        )
+
+
+def test_init_leaf_not_a_tensor() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: every leaf of init must be a tensor or None, but:",
+        "  * init['h'] is a float",
+        "Convert numbers and arrays with torch.as_tensor(...).",
+    ):
+        torchscan.scan(identity, {"h": 0.0, "c": torch.ones(1)}, torch.ones(3))
+
+
+def test_xs_leaf_not_a_tensor() -> None:
+    import numpy as np
+
+    with errors(
+        TypeError,
+        "torchscan.scan: every leaf of xs must be a tensor or None, but:",
+        "  * xs[1] is a numpy.ndarray",
+        "Convert numbers and arrays with torch.as_tensor(...).",
+    ):
+        torchscan.scan(identity, None, (torch.ones(3), np.ones(3)))
+
+
+def test_y_leaf_not_a_tensor() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: every leaf of y must be a tensor or None, but:",
+        "  * y['loss'] is a float",
+        "Convert numbers and arrays with torch.as_tensor(...).",
+    ):
+        torchscan.scan(lambda c, x: (c, {"loss": 1.0, "x": x}), None, torch.ones(3))
+
+
+def test_y_changes_shape() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: fn must return y of the same type at every step, but y[1] is "
+        "float32[1] on cpu for xs index 0 and float32[2] on cpu for xs index 2.",
+    ):
+        torchscan.scan(
+            lambda c, x: (c, (x, torch.ones(1 + int(x.item() > 1)))), None, torch.arange(3.0)
+        )
+
+
+def test_y_changes_dtype() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: fn must return y of the same type at every step, but y is "
+        "float32[] on cpu for xs index 0 and float64[] on cpu for xs index 1.",
+    ):
+        torchscan.scan(lambda c, x: (c, x if x.item() < 1 else x.double()), None, torch.arange(3.0))
+
+
+def test_y_changes_to_none() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: fn must return y of the same type at every step, but y['a'] is "
+        "None for xs index 0 and float32[] on cpu for xs index 1.",
+    ):
+        torchscan.scan(
+            lambda c, x: (c, {"a": None if x.item() < 1 else x}), None, torch.arange(3.0)
+        )
+
+
+def test_y_changes_structure() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: fn must return y of the same structure at every step, but:",
+        "  * the first step returned (*, *)",
+        "  * a later step returned (*,)",
+    ):
+        torchscan.scan(lambda c, x: (c, (x, x) if x.item() < 1 else (x,)), None, torch.arange(3.0))
+
+
+def test_inputs_on_different_devices() -> None:
+    with errors(
+        ValueError,
+        "torchscan.scan: all tensors of init and xs must be on one device, but:",
+        "  * init['h'] is on cpu",
+        "  * xs[0] is on meta",
+        "  * xs[1] is on cpu",
+        "Move them with .to(device) first.",
+    ):
+        torchscan.scan(
+            identity, {"h": torch.ones(2)}, [torch.ones(3, device="meta"), torch.ones(3)]
+        )
+
+
+def test_zero_length_fn_needs_data() -> None:
+    def data_dependent(carry, x):
+        return (carry * 2 if x.sum().item() > 0 else carry), None
+
+    with pytest.raises(ValueError, match="xs has length 0, so the shapes of ys") as info:
+        torchscan.scan(data_dependent, torch.ones(2), torch.ones(0, 2))
+    assert str(info.value).startswith(
+        "torchscan.scan: xs has length 0, so the shapes of ys are found by calling fn once on "
+        "fake tensors (no data), and that call failed with "
+    )
+
+
+def test_zero_length_checks_the_carry_too() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its type, but fn changed it:",
+        "  * carry has dtype torch.float32 but fn returned dtype torch.float64",
+        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
+        "init).",
+    ):
+        torchscan.scan(lambda c, x: (c.double(), x), torch.ones(2), torch.ones(0, 2))
+
+
+def test_user_errors_inside_fn_propagate_unchanged() -> None:
+    def broken(carry, x):
+        raise KeyError("from fn")
+
+    with pytest.raises(KeyError, match="from fn"):
+        torchscan.scan(broken, None, torch.ones(3))

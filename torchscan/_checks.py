@@ -1,0 +1,190 @@
+"""Rules for the arguments of scan and loop, and the messages that explain a broken rule.
+
+Every message starts with the public function's name, names the offending leaf by its pytree path
+(``carry['h']``, ``xs[1]``), says what was expected and what came, and ends with a remedy where
+one is known. None of these checks touches tensor data: they read shapes, dtypes and devices only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchscan import _pytree
+
+
+def describe(value: Any) -> str:
+    """A short human description of a leaf: ``float32[8, 64] on cpu``, ``None``, ``a float``."""
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)} on {value.device}"
+    kind = type(value)
+    name = kind.__qualname__
+    if kind.__module__ != "builtins":
+        name = f"{kind.__module__}.{name}"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def bullets(lines: Sequence[str]) -> str:
+    return "".join(f"\n  * {line}" for line in lines)
+
+
+def check_callable(api: str, name: str, fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"{api}: {name} must be callable, but got {describe(fn)}.")
+
+
+def check_tensor_leaves(api: str, root: str, tree: Any, leaves: Sequence[Any]) -> None:
+    """Refuse leaves that are neither tensors nor ``None``."""
+    if all(leaf is None or isinstance(leaf, torch.Tensor) for leaf in leaves):
+        return
+    names = _pytree.leaf_names(tree, root)
+    bad = [
+        f"{name} is {describe(leaf)}"
+        for name, leaf in zip(names, leaves, strict=True)
+        if not (leaf is None or isinstance(leaf, torch.Tensor))
+    ]
+    raise TypeError(
+        f"{api}: every leaf of {root} must be a tensor or None, but:{bullets(bad)}\n"
+        "Convert numbers and arrays with torch.as_tensor(...)."
+    )
+
+
+def check_int(api: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
+            return int(value)
+        raise TypeError(f"{api}: {name} must be an int, but got {describe(value)}.")
+    return value
+
+
+def scan_axes(api: str, axis: Any, xs: Any, leaves: Sequence[Any]) -> list[int | None]:
+    """The scanned axis of every ``xs`` leaf, made non-negative; ``None`` for ``None`` leaves."""
+    axis = check_int(api, "axis", axis)
+    axes: list[int | None] = []
+    bad: list[int] = []
+    for index, leaf in enumerate(leaves):
+        if leaf is None:
+            axes.append(None)
+        elif -leaf.ndim <= axis < leaf.ndim:
+            axes.append(axis % leaf.ndim)
+        else:
+            axes.append(None)
+            bad.append(index)
+    if bad:
+        names = _pytree.leaf_names(xs, "xs")
+        lines = [_axis_out_of_range(axis, names[i], leaves[i]) for i in bad]
+        raise ValueError(f"{api}: axis={axis} does not fit every leaf of xs:{bullets(lines)}")
+    return axes
+
+
+def _axis_out_of_range(axis: int, name: str, leaf: torch.Tensor) -> str:
+    if leaf.ndim == 0:
+        return f"{name} is a 0-d tensor and has no axis to scan over"
+    return (
+        f"{name} has shape {tuple(leaf.shape)}, so axis must be in [{-leaf.ndim}, {leaf.ndim - 1}]"
+    )
+
+
+def scan_length(
+    api: str, xs: Any, leaves: Sequence[Any], axes: Sequence[int | None], length: Any
+) -> int:
+    """The number of steps: the common size of the xs leaves along their axes, or ``length``."""
+    sizes = [leaf.shape[a] for leaf, a in zip(leaves, axes, strict=True) if leaf is not None]
+    if length is not None:
+        length = check_int(api, "length", length)
+        if length < 0:
+            raise ValueError(f"{api}: length must be non-negative, but got {length}.")
+    if not sizes:
+        if length is None:
+            raise ValueError(
+                f"{api}: length is needed when xs has no tensors (xs is {_short(xs)}); "
+                "pass length=<number of steps>."
+            )
+        return length
+    if any(size != sizes[0] for size in sizes) or (length is not None and length != sizes[0]):
+        names = _pytree.leaf_names(xs, "xs")
+        lines = [
+            f"{name} has length {leaf.shape[a]} along axis {a}"
+            for name, leaf, a in zip(names, leaves, axes, strict=True)
+            if leaf is not None
+        ]
+        if length is not None:
+            lines.append(f"length={length} was given")
+        raise ValueError(
+            f"{api}: every leaf of xs must have the same length along the scanned axis, "
+            f"and length must agree with it, but:{bullets(lines)}"
+        )
+    return sizes[0]
+
+
+def _short(value: Any) -> str:
+    return "None" if value is None else f"{type(value).__name__} {value!r}"[:60]
+
+
+def check_same_device(api: str, trees: Sequence[tuple[str, Any, Sequence[Any]]]) -> None:
+    """Every tensor of ``init`` and ``xs`` must live on one device."""
+    devices = {
+        leaf.device for _, _, leaves in trees for leaf in leaves if isinstance(leaf, torch.Tensor)
+    }
+    if len(devices) <= 1:
+        return
+    lines = [
+        f"{name} is on {leaf.device}"
+        for root, tree, leaves in trees
+        for name, leaf in zip(_pytree.leaf_names(tree, root), leaves, strict=True)
+        if isinstance(leaf, torch.Tensor)
+    ]
+    raise ValueError(
+        f"{api}: all tensors of init and xs must be on one device, but:{bullets(lines)}\n"
+        "Move them with .to(device) first."
+    )
+
+
+def check_pair(api: str, fn_name: str, out: Any, what: str = "(carry, y)") -> None:
+    if not (isinstance(out, tuple) and len(out) == 2):
+        got = f"a tuple of length {len(out)}" if isinstance(out, tuple) else describe(out)
+        raise TypeError(f"{api}: {fn_name} must return a pair {what}, but it returned {got}.")
+
+
+def check_carry(api: str, fn_name: str, init: Any, carry: Any, where: str) -> None:
+    """``carry`` (returned by ``fn``) must have the structure, shapes, dtypes and devices of
+    ``init``; ``where`` tells when ``fn`` returned it (`` in its first step``)."""
+    init_leaves, init_spec = _pytree.tree_flatten(init)
+    leaves, spec = _pytree.tree_flatten(carry)
+    if spec != init_spec:
+        raise TypeError(
+            f"{api}: the carry must keep its structure, but {fn_name} changed it{where}:\n"
+            f"  * init has structure {_pytree.structure_text(init_spec)}\n"
+            f"  * {fn_name} returned structure {_pytree.structure_text(spec)}\n"
+            f"Return a carry built like init."
+        )
+    changes = [
+        _leaf_change(name, old, new, fn_name)
+        for name, old, new in zip(
+            _pytree.leaf_names(init, "carry"), init_leaves, leaves, strict=True
+        )
+    ]
+    changes = [c for c in changes if c]
+    if changes:
+        raise TypeError(
+            f"{api}: the carry must keep its type, but {fn_name} changed it{where}:"
+            f"{bullets(changes)}\n"
+            "Return a carry with the shape, dtype and device of init (cast or reshape it, or "
+            "change init)."
+        )
+
+
+def _leaf_change(name: str, old: Any, new: Any, fn_name: str) -> str | None:
+    if (old is None) != (new is None) or not isinstance(new, (torch.Tensor, type(None))):
+        return f"{name} is {describe(old)} in init but {fn_name} returned {describe(new)}"
+    if old is None:
+        return None
+    for attr, show in (("shape", tuple), ("dtype", str), ("device", str)):
+        before, after = getattr(old, attr), getattr(new, attr)
+        if before != after:
+            return f"{name} has {attr} {show(before)} but {fn_name} returned {attr} {show(after)}"
+    return None

@@ -1,0 +1,270 @@
+"""``torchscan.scan``: the public function, its argument checks and its eager execution."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import torch
+
+from torchscan import _checks, _pytree
+
+Carry = TypeVar("Carry")
+X = Any
+Y = Any
+
+_API = "torchscan.scan"
+
+
+def scan(
+    fn: Callable[[Carry, X], tuple[Carry, Y]],
+    init: Carry,
+    xs: X = None,
+    *,
+    length: int | None = None,
+    axis: int = 0,
+    reverse: bool = False,
+) -> tuple[Carry, Y]:
+    """Loop ``fn`` over an axis of ``xs`` while carrying state, stacking what each step returns.
+
+    The semantics of ``scan`` are given by this Python, where ``take(xs, t)`` selects index ``t``
+    along ``axis`` from every leaf of the pytree ``xs`` and ``stack(ys)`` stacks every leaf of the
+    per-step results along ``axis``::
+
+        def scan(fn, init, xs=None, *, length=None, axis=0, reverse=False):
+            n = length if xs is None else xs.shape[axis]  # of every leaf
+            carry, ys = init, [None] * n
+            for t in (reversed(range(n)) if reverse else range(n)):
+                carry, ys[t] = fn(carry, None if xs is None else take(xs, t))
+            return carry, stack(ys)
+
+    With ``reverse=True`` the steps run from the last element to the first, and ``ys[t]`` is
+    still the output of the step that consumed ``xs[t]``, as in ``jax.lax.scan``.
+
+    Unlike that Python version, ``scan`` checks its arguments and the types ``fn`` returns and
+    says which leaf is wrong; it returns ``ys`` of the right shape and dtype when ``n == 0``
+    (found by running ``fn`` on fake tensors, never on real data); and under
+    ``torch.onnx.export`` it becomes one ONNX ``Scan`` node instead of an unrolled graph.
+    Eagerly it runs at the speed of the Python loop, on the device of its inputs, and autograd
+    flows through it to ``init``, ``xs`` and every tensor ``fn`` captures.
+
+    Args:
+        fn: ``fn(carry, x) -> (new_carry, y)``. ``new_carry`` must have the structure, shapes,
+            dtypes and devices of ``init``. ``y`` is any pytree of tensors and ``None``; its
+            structure and leaf types must be the same at every step. ``fn`` may return one
+            tensor as both carry and y, close over tensors and modules, and use Python scalars;
+            it must not modify its arguments in place.
+        init: the initial carry: a pytree (tuples, lists, dicts, namedtuples) of tensors and
+            ``None``; ``None`` means no carry.
+        xs: the sequences: a pytree of tensors (``None`` leaves pass through as ``None``) that
+            all have the same size along ``axis``; ``x`` is that pytree with ``axis`` removed
+            from every leaf. ``None`` means no sequence: then ``length`` is needed and ``x`` is
+            ``None``.
+        length: the number of steps. Needed when ``xs`` is ``None``; otherwise optional, and it
+            must agree with ``xs``.
+        axis: the scanned axis of every ``xs`` leaf and the stacking axis of every ``ys`` leaf;
+            negative values count from the back of each leaf.
+        reverse: run from the last element to the first.
+
+    Returns:
+        ``(carry, ys)``: the carry after the last step, and every leaf of ``y`` stacked along
+        ``axis`` (``None`` leaves stay ``None``). For zero steps, ``init`` itself and ``ys`` of
+        length 0 along ``axis``.
+
+    Raises:
+        TypeError: ``fn`` is not callable or does not return a pair; a leaf of ``init``, ``xs``
+            or ``y`` is not a tensor or ``None``; the carry or ``y`` changes structure, shape,
+            dtype or device.
+        ValueError: ``axis`` is out of range for an ``xs`` or ``y`` leaf; the ``xs`` leaves have
+            different lengths; ``length`` is missing, negative or disagrees with ``xs``; the
+            tensors of ``init`` and ``xs`` are on different devices.
+
+    Example:
+        A cumulative sum that also returns the running total at each step:
+
+        >>> import torch, torchscan
+        >>> def add(total, x):
+        ...     return total + x, total + x
+        >>> torchscan.scan(add, torch.tensor(0.0), torch.arange(4.0))
+        (tensor(6.), tensor([0., 1., 3., 6.]))
+    """
+    _checks.check_callable(_API, "fn", fn)
+    plan = _plan(init, xs, length, axis)
+    if plan.length == 0:
+        return init, _empty_ys(fn, init, plan, axis)
+    steps = _steps(plan)
+    carry, ys = _run(fn, init, reversed(steps) if reverse else steps, axis)
+    if reverse:
+        ys.reverse()
+    return carry, _stack(ys, axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What the arguments say about the loop, checked once before it runs."""
+
+    xs_leaves: list[torch.Tensor | None]
+    xs_spec: _pytree.TreeSpec
+    axes: list[int | None]
+    length: int
+
+
+def _plan(init: Any, xs: Any, length: Any, axis: Any) -> _Plan:
+    init_leaves = _pytree.tree_leaves(init)
+    _checks.check_tensor_leaves(_API, "init", init, init_leaves)
+    xs_leaves, xs_spec = _pytree.tree_flatten(xs)
+    _checks.check_tensor_leaves(_API, "xs", xs, xs_leaves)
+    axes = _checks.scan_axes(_API, axis, xs, xs_leaves)
+    n = _checks.scan_length(_API, xs, xs_leaves, axes, length)
+    _checks.check_same_device(_API, [("init", init, init_leaves), ("xs", xs, xs_leaves)])
+    return _Plan(xs_leaves, xs_spec, axes, n)
+
+
+def _steps(plan: _Plan) -> Sequence[Any]:
+    """The ``x`` of every step, as views into ``xs`` (``unbind`` gives all of them at once, and
+    its backward is one ``stack`` instead of one scatter per step)."""
+    columns = [
+        (None,) * plan.length if leaf is None else leaf.unbind(a)
+        for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
+    ]
+    if _pytree.is_leaf_spec(plan.xs_spec):
+        return columns[0]
+    return [_pytree.tree_unflatten(list(step), plan.xs_spec) for step in zip(*columns, strict=True)]
+
+
+def _run(fn: Callable, init: Any, steps: Any, axis: int) -> tuple[Any, list[Any]]:
+    # The first step is checked in full; later steps can only differ from it through
+    # data-dependent Python in fn, which the final carry check and the stacking of ys catch.
+    steps = iter(steps)
+    out = fn(init, next(steps))
+    _checks.check_pair(_API, "fn", out)
+    carry, y = out
+    _checks.check_carry(_API, "fn", init, carry, " in its first step")
+    _check_y(y, axis)
+    ys = [y]
+    append = ys.append
+    for x in steps:
+        out = fn(carry, x)
+        try:
+            carry, y = out
+        except (TypeError, ValueError):
+            _checks.check_pair(_API, "fn", out)
+            raise
+        append(y)
+    _checks.check_carry(_API, "fn", init, carry, " in a later step")
+    return carry, ys
+
+
+def _check_y(y: Any, axis: int) -> None:
+    leaves = _pytree.tree_leaves(y)
+    _checks.check_tensor_leaves(_API, "y", y, leaves)
+    bad = [
+        i for i, leaf in enumerate(leaves) if leaf is not None and not _fits(axis, leaf.ndim + 1)
+    ]
+    if bad:
+        names = _pytree.leaf_names(y, "y")
+        lines = [
+            f"{names[i]} has shape {tuple(leaves[i].shape)}, so ys gets rank "
+            f"{leaves[i].ndim + 1} and axis must be in [{-leaves[i].ndim - 1}, {leaves[i].ndim}]"
+            for i in bad
+        ]
+        raise ValueError(
+            f"{_API}: axis={axis} is also the axis that ys are stacked on, and it does not fit "
+            f"every leaf of y:{_checks.bullets(lines)}"
+        )
+
+
+def _fits(axis: int, ndim: int) -> bool:
+    return -ndim <= axis < ndim
+
+
+def _stack(ys: list[Any], axis: int) -> Any:
+    """Stack every leaf of the per-step outputs along ``axis``."""
+    spec = _pytree.tree_structure(ys[0])
+    if _pytree.is_leaf_spec(spec):
+        columns: Sequence[Sequence[Any]] = [ys]
+    else:
+        flat = [_pytree.tree_flatten(y) for y in ys]
+        for _, step_spec in flat:
+            if step_spec != spec:
+                raise TypeError(
+                    f"{_API}: fn must return y of the same structure at every step, but:\n"
+                    f"  * the first step returned {_pytree.structure_text(spec)}\n"
+                    f"  * a later step returned {_pytree.structure_text(step_spec)}"
+                )
+        columns = list(zip(*(step_leaves for step_leaves, _ in flat), strict=True))
+    names = _pytree.leaf_names(ys[0], "y")
+    stacked = [_stack_leaf(column, axis, name) for column, name in zip(columns, names, strict=True)]
+    return _pytree.tree_unflatten(stacked, spec)
+
+
+def _stack_leaf(column: Sequence[Any], axis: int, name: str) -> torch.Tensor | None:
+    first = column[0]
+    if first is None:
+        if any(leaf is not None for leaf in column):
+            _raise_y_changed(column, name)
+        return None
+    try:
+        stacked = torch.stack(column, dim=axis)
+    except (RuntimeError, TypeError):
+        _raise_y_changed(column, name)
+    if any(leaf.dtype != first.dtype for leaf in column):
+        _raise_y_changed(column, name)
+    return stacked
+
+
+def _raise_y_changed(column: Sequence[Any], name: str) -> NoReturn:
+    first = _checks.describe(column[0])
+    step, other = next(
+        (step, _checks.describe(leaf))
+        for step, leaf in enumerate(column)
+        if _checks.describe(leaf) != first
+    )
+    raise TypeError(
+        f"{_API}: fn must return y of the same type at every step, but {name} is {first} "
+        f"for xs index 0 and {other} for xs index {step}."
+    )
+
+
+def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: int) -> Any:
+    """``ys`` of a scan with zero steps, with the shapes and dtypes ``fn`` would give them.
+
+    ``fn`` runs once on fake tensors (shape and dtype only, no data), so no real data is read
+    and nothing ``fn`` computes is kept.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_init = _pytree.tree_map(lambda t: t if t is None else mode.from_tensor(t), init)
+        fake_x = _pytree.tree_unflatten(
+            [
+                None if leaf is None else _without_axis(leaf, a)
+                for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
+            ],
+            plan.xs_spec,
+        )
+        try:
+            out = fn(fake_init, fake_x)
+        except Exception as error:
+            raise ValueError(
+                f"{_API}: xs has length 0, so the shapes of ys are found by calling fn once on "
+                f"fake tensors (no data), and that call failed with {type(error).__name__}: "
+                f"{error}"
+            ) from error
+        _checks.check_pair(_API, "fn", out)
+        carry, y = out
+        _checks.check_carry(_API, "fn", init, carry, "")
+        _check_y(y, axis)
+    return _pytree.tree_map(lambda t: t if t is None else _empty_stack(t, axis), y)
+
+
+def _without_axis(leaf: torch.Tensor, axis: int) -> torch.Tensor:
+    shape = leaf.shape[:axis] + leaf.shape[axis + 1 :]
+    return torch.empty(shape, dtype=leaf.dtype, device=leaf.device)
+
+
+def _empty_stack(fake: torch.Tensor, axis: int) -> torch.Tensor:
+    shape = list(fake.shape)
+    shape.insert(axis % (fake.ndim + 1), 0)
+    return torch.empty(shape, dtype=fake.dtype, device=fake.device)
