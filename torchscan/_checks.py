@@ -162,6 +162,8 @@ def check_carry(api: str, fn_name: str, init: Any, carry: Any, where: str) -> No
             f"  * {fn_name} returned structure {_pytree.structure_text(spec)}\n"
             f"Return a carry built like init."
         )
+    if all(map(_same_type, init_leaves, leaves)):
+        return
     changes = [
         _leaf_change(name, old, new, fn_name)
         for name, old, new in zip(
@@ -176,6 +178,12 @@ def check_carry(api: str, fn_name: str, init: Any, carry: Any, where: str) -> No
             "Return a carry with the shape, dtype and device of init (cast or reshape it, or "
             "change init)."
         )
+
+
+def _same_type(old: Any, new: Any) -> bool:
+    if old is None or new is None or not isinstance(new, torch.Tensor):
+        return old is new
+    return old.shape == new.shape and old.dtype == new.dtype and old.device == new.device
 
 
 def _leaf_change(name: str, old: Any, new: Any, fn_name: str) -> str | None:

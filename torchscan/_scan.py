@@ -194,27 +194,31 @@ def _stack(ys: list[Any], axis: int) -> Any:
                     f"  * a later step returned {_pytree.structure_text(step_spec)}"
                 )
         columns = list(zip(*(step_leaves for step_leaves, _ in flat), strict=True))
-    names = _pytree.leaf_names(ys[0], "y")
-    stacked = [_stack_leaf(column, axis, name) for column, name in zip(columns, names, strict=True)]
+    stacked = [_stack_leaf(column, axis, ys[0], i) for i, column in enumerate(columns)]
     return _pytree.tree_unflatten(stacked, spec)
 
 
-def _stack_leaf(column: Sequence[Any], axis: int, name: str) -> torch.Tensor | None:
+def _stack_leaf(column: Sequence[Any], axis: int, y: Any, index: int) -> torch.Tensor | None:
+    """Stack leaf ``index`` of every step's ``y`` (``column``); ``y`` names it in errors."""
     first = column[0]
     if first is None:
         if any(leaf is not None for leaf in column):
-            _raise_y_changed(column, name)
+            _raise_y_changed(column, y, index)
         return None
     try:
         stacked = torch.stack(column, dim=axis)
     except (RuntimeError, TypeError):
-        _raise_y_changed(column, name)
-    if any(leaf.dtype != first.dtype for leaf in column):
-        _raise_y_changed(column, name)
+        _raise_y_changed(column, y, index)
+    # stack promotes mixed dtypes; a step with a wider dtype than the first shows up here, one
+    # with a narrower dtype is cast exactly to the first step's dtype. Reading every dtype would
+    # cost more than the rest of the bookkeeping.
+    if stacked.dtype != first.dtype:
+        _raise_y_changed(column, y, index)
     return stacked
 
 
-def _raise_y_changed(column: Sequence[Any], name: str) -> NoReturn:
+def _raise_y_changed(column: Sequence[Any], y: Any, index: int) -> NoReturn:
+    name = _pytree.leaf_names(y, "y")[index]
     first = _checks.describe(column[0])
     step, other = next(
         (step, _checks.describe(leaf))
