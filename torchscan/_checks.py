@@ -150,28 +150,33 @@ def check_pair(api: str, fn_name: str, out: Any, what: str = "(carry, y)") -> No
         raise TypeError(f"{api}: {fn_name} must return a pair {what}, but it returned {got}.")
 
 
-def check_carry(api: str, fn_name: str, init: Any, carry: Any, where: str) -> None:
-    """``carry`` (returned by ``fn``) must have the structure, shapes, dtypes and devices of
-    ``init``; ``where`` tells when ``fn`` returned it (`` in its first step``)."""
-    init_leaves, init_spec = _pytree.tree_flatten(init)
-    leaves, spec = _pytree.tree_flatten(carry)
-    if spec != init_spec:
-        raise TypeError(
-            f"{api}: the carry must keep its structure, but {fn_name} changed it{where}:\n"
-            f"  * init has structure {_pytree.structure_text(init_spec)}\n"
-            f"  * {fn_name} returned structure {_pytree.structure_text(spec)}\n"
-            f"Return a carry built like init."
-        )
-    if all(map(_same_type, init_leaves, leaves)):
-        return
-    changes = [
-        _leaf_change(name, old, new, fn_name)
-        for name, old, new in zip(
-            _pytree.leaf_names(init, "carry"), init_leaves, leaves, strict=True
-        )
-    ]
-    changes = [c for c in changes if c]
-    if changes:
+class CarryType:
+    """The structure, shapes, dtypes and devices of ``init``, which every carry must keep."""
+
+    def __init__(self, api: str, fn_name: str, init: Any) -> None:
+        self.api, self.fn_name, self.init = api, fn_name, init
+        self.leaves, self.spec = _pytree.tree_flatten(init)
+
+    def check(self, carry: Any, where: str) -> None:
+        """Refuse ``carry`` unless it has the type of ``init``; ``where`` says when ``fn``
+        returned it (`` in its first step``)."""
+        leaves, spec = _pytree.tree_flatten(carry)
+        if spec == self.spec and all(map(_same_type, self.leaves, leaves)):
+            return
+        api, fn_name = self.api, self.fn_name
+        if spec != self.spec:
+            raise TypeError(
+                f"{api}: the carry must keep its structure, but {fn_name} changed it{where}:\n"
+                f"  * init has structure {_pytree.structure_text(self.spec)}\n"
+                f"  * {fn_name} returned structure {_pytree.structure_text(spec)}\n"
+                f"Return a carry built like init."
+            )
+        names = _pytree.leaf_names(self.init, "carry")
+        changes = [
+            _leaf_change(name, old, new, fn_name)
+            for name, old, new in zip(names, self.leaves, leaves, strict=True)
+            if not _same_type(old, new)
+        ]
         raise TypeError(
             f"{api}: the carry must keep its type, but {fn_name} changed it{where}:"
             f"{bullets(changes)}\n"

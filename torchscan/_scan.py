@@ -94,7 +94,7 @@ def scan(
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
     steps = _steps(plan)
-    carry, ys = _run(fn, init, reversed(steps) if reverse else steps, axis)
+    carry, ys = _run(fn, plan.carry_type, reversed(steps) if reverse else steps, axis)
     if reverse:
         ys.reverse()
     return carry, _stack(ys, axis)
@@ -104,6 +104,7 @@ def scan(
 class _Plan:
     """What the arguments say about the loop, checked once before it runs."""
 
+    carry_type: _checks.CarryType
     xs_leaves: list[torch.Tensor | None]
     xs_spec: _pytree.TreeSpec
     axes: list[int | None]
@@ -111,14 +112,15 @@ class _Plan:
 
 
 def _plan(init: Any, xs: Any, length: Any, axis: Any) -> _Plan:
-    init_leaves = _pytree.tree_leaves(init)
+    carry_type = _checks.CarryType(_API, "fn", init)
+    init_leaves = carry_type.leaves
     _checks.check_tensor_leaves(_API, "init", init, init_leaves)
     xs_leaves, xs_spec = _pytree.tree_flatten(xs)
     _checks.check_tensor_leaves(_API, "xs", xs, xs_leaves)
     axes = _checks.scan_axes(_API, axis, xs, xs_leaves)
     n = _checks.scan_length(_API, xs, xs_leaves, axes, length)
     _checks.check_same_device(_API, [("init", init, init_leaves), ("xs", xs, xs_leaves)])
-    return _Plan(xs_leaves, xs_spec, axes, n)
+    return _Plan(carry_type, xs_leaves, xs_spec, axes, n)
 
 
 def _steps(plan: _Plan) -> Sequence[Any]:
@@ -133,14 +135,16 @@ def _steps(plan: _Plan) -> Sequence[Any]:
     return [_pytree.tree_unflatten(list(step), plan.xs_spec) for step in zip(*columns, strict=True)]
 
 
-def _run(fn: Callable, init: Any, steps: Any, axis: int) -> tuple[Any, list[Any]]:
+def _run(
+    fn: Callable, carry_type: _checks.CarryType, steps: Any, axis: int
+) -> tuple[Any, list[Any]]:
     # The first step is checked in full; later steps can only differ from it through
     # data-dependent Python in fn, which the final carry check and the stacking of ys catch.
     steps = iter(steps)
-    out = fn(init, next(steps))
+    out = fn(carry_type.init, next(steps))
     _checks.check_pair(_API, "fn", out)
     carry, y = out
-    _checks.check_carry(_API, "fn", init, carry, " in its first step")
+    carry_type.check(carry, " in its first step")
     _check_y(y, axis)
     ys = [y]
     append = ys.append
@@ -152,7 +156,7 @@ def _run(fn: Callable, init: Any, steps: Any, axis: int) -> tuple[Any, list[Any]
             _checks.check_pair(_API, "fn", out)
             raise
         append(y)
-    _checks.check_carry(_API, "fn", init, carry, " in a later step")
+    carry_type.check(carry, " in a later step")
     return carry, ys
 
 
@@ -183,17 +187,16 @@ def _stack(ys: list[Any], axis: int) -> Any:
     """Stack every leaf of the per-step outputs along ``axis``."""
     spec = _pytree.tree_structure(ys[0])
     if _pytree.is_leaf_spec(spec):
-        columns: Sequence[Sequence[Any]] = [ys]
-    else:
-        flat = [_pytree.tree_flatten(y) for y in ys]
-        for _, step_spec in flat:
-            if step_spec != spec:
-                raise TypeError(
-                    f"{_API}: fn must return y of the same structure at every step, but:\n"
-                    f"  * the first step returned {_pytree.structure_text(spec)}\n"
-                    f"  * a later step returned {_pytree.structure_text(step_spec)}"
-                )
-        columns = list(zip(*(step_leaves for step_leaves, _ in flat), strict=True))
+        return _stack_leaf(ys, axis, ys[0], 0)
+    flat = [_pytree.tree_flatten(y) for y in ys]
+    for _, step_spec in flat:
+        if step_spec != spec:
+            raise TypeError(
+                f"{_API}: fn must return y of the same structure at every step, but:\n"
+                f"  * the first step returned {_pytree.structure_text(spec)}\n"
+                f"  * a later step returned {_pytree.structure_text(step_spec)}"
+            )
+    columns = zip(*(step_leaves for step_leaves, _ in flat), strict=True)
     stacked = [_stack_leaf(column, axis, ys[0], i) for i, column in enumerate(columns)]
     return _pytree.tree_unflatten(stacked, spec)
 
@@ -258,7 +261,7 @@ def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: int) -> Any:
             ) from error
         _checks.check_pair(_API, "fn", out)
         carry, y = out
-        _checks.check_carry(_API, "fn", init, carry, "")
+        plan.carry_type.check(carry, "")
         _check_y(y, axis)
     return _pytree.tree_map(lambda t: t if t is None else _empty_stack(t, axis), y)
 
