@@ -1,6 +1,10 @@
 """Loops written once in PyTorch that run at eager speed and export to ONNX Scan and Loop."""
 
+from torchscan import _torch_onnx_hook
+from torchscan._checks import ExportError as ExportError
 from torchscan._scan import scan as scan
 
-__all__ = ["scan"]
+__all__ = ["ExportError", "scan"]
 __version__ = "0.1.0"
+
+_torch_onnx_hook.wrap_torch_onnx_export()

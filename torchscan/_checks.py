@@ -15,6 +15,11 @@ import torch
 from torchscan import _pytree
 
 
+class ExportError(NotImplementedError):
+    """A loop that runs eagerly but cannot be exported as asked; the message says why and what
+    to do instead."""
+
+
 def describe(value: Any) -> str:
     """A short human description of a leaf: ``float32[8, 64] on cpu``, ``None``, ``a float``."""
     if value is None:
@@ -35,6 +40,17 @@ def bullets(lines: Sequence[str]) -> str:
 def check_callable(api: str, name: str, fn: Any) -> None:
     if not callable(fn):
         raise TypeError(f"{api}: {name} must be callable, but got {describe(fn)}.")
+
+
+def refuse_torchscript(api: str) -> None:
+    """The TorchScript exporter would record the Python loop unrolled for the traced length."""
+    if torch.jit.is_tracing() or torch.jit.is_scripting():
+        raise ExportError(
+            f"{api} cannot be exported by the TorchScript-based exporter "
+            "(torch.onnx.export(..., dynamo=False) or torch.jit.trace): it would unroll the loop "
+            "into a graph fixed to the traced length. Use torch.onnx.export(..., dynamo=True), "
+            "which exports it as one ONNX loop."
+        )
 
 
 def check_tensor_leaves(api: str, root: str, tree: Any, leaves: Sequence[Any]) -> None:

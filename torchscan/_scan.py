@@ -90,7 +90,14 @@ def scan(
         (tensor(6.), tensor([0., 1., 3., 6.]))
     """
     _checks.check_callable(_API, "fn", fn)
+    _checks.refuse_torchscript(_API)
     plan = _plan(init, xs, length, axis)
+    if torch.compiler.is_exporting():
+        from torchscan import _hops
+
+        return _hops.traced_scan(
+            fn, init, plan.xs_leaves, plan.xs_spec, plan.axes, plan.length, axis, reverse
+        )
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
     steps = _steps(plan)

@@ -1,0 +1,241 @@
+"""Models that call ``torchscan.scan``, one per feature, with inputs at several lengths."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+import torchscan
+
+B, F, H = 2, 3, 4
+_gen = torch.Generator().manual_seed(0)
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=_gen)
+
+
+Dim = torch.export.Dim
+
+
+@dataclasses.dataclass
+class Case:
+    """A model, the inputs it is exported with, and inputs of other lengths to run it on."""
+
+    make: Callable[[], torch.nn.Module]
+    inputs: Callable[[int], tuple[torch.Tensor, ...]]
+    dynamic_shapes: Callable[[], object]
+    scans: int = 1
+    axis0_forward: bool = True  # what onnx.reference can run
+    export_length: int = 3
+    run_lengths: tuple[int, ...] = (1, 6)
+
+
+def time_major(*feature_shapes: tuple[int, ...]):
+    """Inputs: one (T, B, *shape) sequence per shape, then the initial state (B, H)."""
+
+    def inputs(t: int) -> tuple[torch.Tensor, ...]:
+        return (*[randn(t, B, *shape) for shape in feature_shapes], randn(B, H))
+
+    return inputs
+
+
+def dynamic_time(n_sequences: int, axis: int = 0):
+    def shapes():
+        t = Dim("T", min=1)
+        return (*[{axis: t} for _ in range(n_sequences)], None)
+
+    return shapes
+
+
+class Elman(torch.nn.Module):
+    def __init__(self, axis: int = 0, reverse: bool = False) -> None:
+        super().__init__()
+        self.cell = torch.nn.RNNCell(F, H)
+        self.axis, self.reverse = axis, reverse
+
+    def forward(self, xs, h):
+        def step(h, x):
+            h = self.cell(x, h)
+            return h, h
+
+        return torchscan.scan(step, h, xs, axis=self.axis, reverse=self.reverse)
+
+
+class DictPytrees(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(F, H)
+
+    def forward(self, a, b, h):
+        def step(carry, x):
+            h = torch.tanh(self.proj(x["a"]) * x["b"] + carry["h"])
+            return {"h": h, "n": carry["n"] + 1}, {"out": h.sum(-1), "skip": None, "h": h}
+
+        carry, ys = torchscan.scan(
+            step, {"h": h, "n": torch.zeros((), dtype=torch.int64)}, {"a": a, "b": b}
+        )
+        assert ys["skip"] is None
+        return carry["h"], carry["n"], ys["out"], ys["h"]
+
+
+State = collections.namedtuple("State", ["h", "c"])
+
+
+class LSTMNamedTuple(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.LSTMCell(F, H)
+
+    def forward(self, xs, h):
+        def step(state, x):
+            h, c = self.cell(x, (state.h, state.c))
+            return State(h, c), h
+
+        state, hs = torchscan.scan(step, State(h, torch.zeros_like(h)), xs)
+        return state.h, state.c, hs
+
+
+class Zipped(torch.nn.Module):
+    def forward(self, a, b, h):
+        def step(h, x):
+            x_a, x_b = x
+            return h * 0.5 + x_a[:, :1] * x_b, (x_a - x_b[:, :1]).abs()
+
+        return torchscan.scan(step, h, (a, b))
+
+
+class NoCarry(torch.nn.Module):
+    """A map: no carry, and an output that is None."""
+
+    def forward(self, xs, h):
+        def step(carry, x):
+            return None, (torch.relu(x) * 2 + 1, None)
+
+        carry, (ys, nothing) = torchscan.scan(step, None, xs)
+        assert carry is None
+        assert nothing is None
+        return (ys,)
+
+
+class NoOutput(torch.nn.Module):
+    """A fold: y is None."""
+
+    def forward(self, xs, h):
+        carry, ys = torchscan.scan(lambda c, x: (c + x.sum(-1, keepdim=True), None), h, xs)
+        assert ys is None
+        return (carry,)
+
+
+class CarryTwice(torch.nn.Module):
+    """The carry returned as two outputs and as the new carry."""
+
+    def forward(self, xs, h):
+        def step(h, x):
+            h = h + x[:, :1]
+            return h, (h, h)
+
+        h, (first, second) = torchscan.scan(step, h, xs)
+        return h, first, second
+
+
+class CapturedState(torch.nn.Module):
+    """Parameters and a buffer read by closure, and Python scalars."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(randn(F, H))
+        self.register_buffer("scale", torch.full((H,), 0.5))
+
+    def forward(self, xs, h):
+        bias = self.weight.sum(0) * 0.1  # an intermediate of the outer graph
+
+        def step(h, x):
+            h = torch.tanh(x @ self.weight * self.scale + h * 0.9 + bias) - 1e-3
+            return h, h * 2
+
+        return torchscan.scan(step, h, xs)
+
+
+class IntegerCarries(torch.nn.Module):
+    """int64 and bool carries and outputs."""
+
+    def forward(self, xs, h):
+        def step(carry, x):
+            count, seen = carry
+            positive = x.sum(-1) > 0
+            return (count + positive.long(), seen | positive), (count, positive)
+
+        init = (torch.zeros(B, dtype=torch.int64), torch.zeros(B, dtype=torch.bool))
+        (count, seen), (counts, flags) = torchscan.scan(step, init, xs)
+        return count, seen, counts, flags
+
+
+class LengthOnly(torch.nn.Module):
+    """No sequence: a fixed number of steps over the carry."""
+
+    def forward(self, xs, h):
+        carry, ys = torchscan.scan(lambda c, _: (c * 0.5 + 1, c), h, length=4)
+        return carry, ys
+
+
+class Nested(torch.nn.Module):
+    """A scan whose body runs another scan over the features of each step, reversed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(randn(H))
+
+    def forward(self, xs, h):
+        def inner(c, v):
+            c = c * 0.5 + v[:, None] * self.weight
+            return c, c.sum(-1)
+
+        def outer(h, x):
+            h2, sums = torchscan.scan(inner, h, x, axis=1, reverse=True)
+            return torch.tanh(h2), sums
+
+        return torchscan.scan(outer, h, xs)
+
+
+class TwoScans(torch.nn.Module):
+    """Two scans in a row: forward then backward over the first one's outputs."""
+
+    def forward(self, xs, h):
+        _, ys = torchscan.scan(lambda c, x: (c + x[:, :1], c * x[:, :1]), h, xs)
+        last, zs = torchscan.scan(lambda c, y: (c * 0.9 + y, c), h, ys, reverse=True)
+        return last, zs
+
+
+CASES: dict[str, Case] = {
+    "elman": Case(Elman, time_major((F,)), dynamic_time(1)),
+    "axis1": Case(
+        lambda: Elman(axis=1),
+        lambda t: (randn(B, t, F), randn(B, H)),
+        dynamic_time(1, axis=1),
+        axis0_forward=False,
+    ),
+    "reverse": Case(
+        lambda: Elman(reverse=True), time_major((F,)), dynamic_time(1), axis0_forward=False
+    ),
+    "axis-1-reverse": Case(
+        lambda: Elman(axis=-1, reverse=True),
+        lambda t: (randn(B, F, t), randn(B, H)),
+        dynamic_time(1, axis=2),
+        axis0_forward=False,
+    ),
+    "dict-pytrees": Case(DictPytrees, time_major((F,), (1,)), dynamic_time(2)),
+    "lstm-namedtuple": Case(LSTMNamedTuple, time_major((F,)), dynamic_time(1)),
+    "zipped": Case(Zipped, time_major((H,), (1,)), dynamic_time(2)),
+    "no-carry": Case(NoCarry, time_major((F,)), dynamic_time(1)),
+    "no-output": Case(NoOutput, time_major((H,)), dynamic_time(1)),
+    "carry-twice": Case(CarryTwice, time_major((H,)), dynamic_time(1)),
+    "captured": Case(CapturedState, time_major((F,)), dynamic_time(1)),
+    "integer-carries": Case(IntegerCarries, time_major((F,)), dynamic_time(1)),
+    "length-only": Case(LengthOnly, time_major((F,)), lambda: None, run_lengths=()),
+    "nested": Case(Nested, time_major((H,)), dynamic_time(1), scans=2, axis0_forward=False),
+    "two-scans": Case(TwoScans, time_major((1,)), dynamic_time(1), scans=2, axis0_forward=False),
+}

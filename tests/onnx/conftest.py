@@ -1,0 +1,59 @@
+"""One export per model and opset for the whole session."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import onnx
+import pytest
+import torch
+
+from ._models import CASES
+
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+
+_models: dict[str, torch.nn.Module] = {}
+_exports: dict[tuple[str, int], onnx.ModelProto | Exception] = {}
+
+
+def model_of(name: str) -> torch.nn.Module:
+    if name not in _models:
+        torch.manual_seed(0)
+        _models[name] = CASES[name].make().eval()
+    return _models[name]
+
+
+def export(name: str, opset: int) -> onnx.ModelProto:
+    """``torch.onnx.export`` of case ``name`` at ``opset``, done once per session."""
+    key = (name, opset)
+    if key not in _exports:
+        case = CASES[name]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = torch.onnx.export(
+                    model_of(name),
+                    case.inputs(case.export_length),
+                    dynamo=True,
+                    opset_version=opset,
+                    dynamic_shapes=case.dynamic_shapes(),
+                    verbose=False,
+                )
+            _exports[key] = program.model_proto
+        except Exception as error:  # re-raised in every test that needs this export
+            _exports[key] = error
+    result = _exports[key]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+@pytest.fixture(scope="session")
+def exported():
+    return export
+
+
+@pytest.fixture(scope="session")
+def models():
+    return model_of

@@ -1,0 +1,220 @@
+"""What torchscan refuses to export, each with its full message."""
+
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+
+import onnx
+import onnx.helper as oh
+import onnx_ir as ir
+import pytest
+import torch
+
+import torchscan
+from torchscan.onnx._hooks import check_loop_types
+
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+
+
+class Identity(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, xs, h):
+        # No arithmetic: ONNX has none on float8, only moves and casts.
+        carry, ys = torchscan.scan(lambda c, x: (x, c), h.to(self.dtype), xs.to(self.dtype))
+        return carry.float(), ys.float()
+
+
+ARGS = (torch.randn(3, 2), torch.zeros(2))
+
+
+def export(model: torch.nn.Module, opset: int = 18, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.onnx.export(model, ARGS, opset_version=opset, verbose=False, **kwargs)
+
+
+TORCHSCRIPT = (
+    "torchscan.scan cannot be exported by the TorchScript-based exporter "
+    "(torch.onnx.export(..., dynamo=False) or torch.jit.trace): it would unroll the loop into a "
+    "graph fixed to the traced length. Use torch.onnx.export(..., dynamo=True), which exports it "
+    "as one ONNX loop."
+)
+
+
+def test_torchscript_exporter_is_refused() -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export(Identity(), dynamo=False, f=io.BytesIO())
+    assert str(info.value) == TORCHSCRIPT
+
+
+def test_torch_jit_trace_is_refused() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace's own
+        with pytest.raises(torchscan.ExportError) as info:
+            torch.jit.trace(Identity(), ARGS)
+    assert str(info.value) == TORCHSCRIPT
+
+
+def test_export_error_is_a_not_implemented_error() -> None:
+    assert issubclass(torchscan.ExportError, NotImplementedError)
+
+
+class ChangesCarry(torch.nn.Module):
+    def forward(self, xs, h):
+        return torchscan.scan(lambda c, x: (c.double() + x, c), h, xs)
+
+
+def test_carry_errors_surface_as_in_eager() -> None:
+    with pytest.raises(TypeError) as info:
+        export(ChangesCarry())
+    assert str(info.value) == (
+        "torchscan.scan: the carry must keep its type, but fn changed it:\n"
+        "  * carry has dtype torch.float32 but fn returned dtype torch.float64\n"
+        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
+        "init)."
+    )
+
+
+class CountsInBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(2))
+
+    def forward(self, xs, h):
+        def step(c, x):
+            self.count.add_(1)
+            return c + x * self.count, c
+
+        return torchscan.scan(step, h, xs)
+
+
+class ScalesSlice(torch.nn.Module):
+    def forward(self, xs, h):
+        def step(c, x):
+            x.mul_(2)
+            return c + x, c
+
+        return torchscan.scan(step, h, xs)
+
+
+@pytest.mark.parametrize(
+    ("model", "what"),
+    [(CountsInBuffer, "a tensor it reads by closure"), (ScalesSlice, "a slice of xs")],
+    ids=["buffer", "slice"],
+)
+def test_in_place_writes_outside_the_carry_are_refused(model, what: str) -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export(model())
+    assert str(info.value) == (
+        f"torchscan: the loop body modifies in place {what}, which an exported loop cannot do "
+        "(the model would compute something else than eager PyTorch). Return the new value as "
+        "part of the carry instead."
+    )
+
+
+def type_refusal(dtype: str, opset: int, version: int, first: int) -> str:
+    return (
+        "torchscan: the Scan node 'node_torchscan_scan__1' has initial carried value 0, tensor "
+        f"'_to_copy', of element type {dtype}, which Scan-{version} (the version in force at "
+        f"opset {opset}) does not allow; the first opset that allows it is {first}. To export "
+        f"it, export with opset_version={first} or newer, or cast it to a type that opset "
+        f"{opset} allows."
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "opset", "version", "first"),
+    [
+        (torch.bfloat16, 13, 11, 16),
+        (torch.bfloat16, 15, 11, 16),
+        (torch.float8_e4m3fn, 18, 16, 19),
+        (torch.float8_e5m2, 18, 16, 19),
+    ],
+    ids=["bfloat16@13", "bfloat16@15", "float8e4m3fn@18", "float8e5m2@18"],
+)
+def test_element_types_the_target_scan_refuses(dtype, opset: int, version: int, first: int):
+    with pytest.raises(torchscan.ExportError) as info:
+        export(Identity(dtype), opset)
+    name = str(dtype).removeprefix("torch.").replace("_", "")
+    assert str(info.value) == type_refusal(name, opset, version, first)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "opset"),
+    [(torch.bfloat16, 18), (torch.float8_e4m3fn, 19), (torch.float8_e5m2, 21)],
+    ids=["bfloat16@18", "float8e4m3fn@19", "float8e5m2@21"],
+)
+def test_element_types_allowed_from_their_first_opset(dtype, opset: int) -> None:
+    model = export(Identity(dtype), opset).model_proto
+    onnx.checker.check_model(model, full_check=True)
+    scan = next(n for n in model.graph.node if n.op_type == "Scan")
+    assert scan.input
+
+
+# Types torch cannot export yet are checked on graphs built by hand.
+ONNX_ONLY = [
+    (onnx.TensorProto.INT4, 21),
+    (onnx.TensorProto.UINT4, 21),
+    (onnx.TensorProto.FLOAT4E2M1, 23),
+    (onnx.TensorProto.FLOAT8E8M0, 24),
+    (onnx.TensorProto.INT2, 25),
+    (onnx.TensorProto.UINT2, 25),
+]
+
+
+def hand_built(op: str, elem_type: int, opset: int) -> ir.Graph:
+    state = oh.make_tensor_value_info("state", elem_type, [2])
+    if op == "Scan":
+        body = oh.make_graph(
+            [oh.make_node("Identity", ["s_in"], ["s_out"]), oh.make_node("Identity", ["x"], ["y"])],
+            "body",
+            [oh.make_tensor_value_info(n, elem_type, [2]) for n in ("s_in", "x")],
+            [oh.make_tensor_value_info(n, elem_type, [2]) for n in ("s_out", "y")],
+        )
+        node = oh.make_node(
+            "Scan", ["state", "xs"], ["final", "ys"], name="the_loop", body=body, num_scan_inputs=1
+        )
+        inputs = [state, oh.make_tensor_value_info("xs", elem_type, [3, 2])]
+        outputs = [oh.make_tensor_value_info(n, elem_type, None) for n in ("final", "ys")]
+    else:
+        body = oh.make_graph(
+            [
+                oh.make_node("Identity", ["c_in"], ["c_out"]),
+                oh.make_node("Identity", ["s_in"], ["s_out"]),
+            ],
+            "body",
+            [
+                oh.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+                oh.make_tensor_value_info("c_in", onnx.TensorProto.BOOL, []),
+                oh.make_tensor_value_info("s_in", elem_type, [2]),
+            ],
+            [
+                oh.make_tensor_value_info("c_out", onnx.TensorProto.BOOL, []),
+                oh.make_tensor_value_info("s_out", elem_type, [2]),
+            ],
+        )
+        node = oh.make_node("Loop", ["m", "", "state"], ["final"], name="the_loop", body=body)
+        inputs = [oh.make_tensor_value_info("m", onnx.TensorProto.INT64, []), state]
+        outputs = [oh.make_tensor_value_info("final", elem_type, None)]
+    graph = oh.make_graph([node], "g", inputs, outputs)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    return ir.from_proto(model).graph
+
+
+@pytest.mark.parametrize("op", ["Scan", "Loop"])
+@pytest.mark.parametrize(("elem_type", "first"), ONNX_ONLY, ids=[str(t) for t, _ in ONNX_ONLY])
+def test_hand_built_loops_are_checked_against_their_version(op: str, elem_type: int, first: int):
+    check_loop_types(hand_built(op, elem_type, first), first)
+    with pytest.raises(torchscan.ExportError) as info:
+        check_loop_types(hand_built(op, elem_type, first - 1), first - 1)
+    name = ir.DataType(elem_type).name.lower()
+    assert str(info.value).startswith(
+        f"torchscan: the {op} node 'the_loop' has initial carried value 0, tensor 'state', of "
+        f"element type {name}, which {op}-"
+    )
+    assert f"the first opset that allows it is {first}." in str(info.value)

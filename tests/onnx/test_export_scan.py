@@ -1,0 +1,118 @@
+"""``torch.onnx.export`` of models that call ``torchscan.scan``, at every opset.
+
+Each model is exported once per opset (see conftest) and checked for structure, against
+``onnx.checker``, and against eager PyTorch in onnxruntime and onnx's reference evaluator at
+sequence lengths other than the one it was exported with.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import onnx
+import pytest
+import torch
+
+import torchscan
+from torchscan.onnx import scan_version
+
+from ._models import CASES
+from ._runtimes import (
+    assert_outputs_close,
+    eager_outputs,
+    nodes,
+    run_onnxruntime,
+    run_reference,
+)
+
+OPSETS = [18, 19, 21, 23, 24, 25]
+NAMES = list(CASES)
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", NAMES)
+def test_each_scan_is_one_scan_node(exported, name: str, opset: int) -> None:
+    model = exported(name, opset)
+    assert default_opset(model) == opset
+    op_types = [node.op_type for node, _ in nodes(model.graph)]
+    assert op_types.count("Scan") == CASES[name].scans
+    # Axes and directions are attributes of the Scan: nothing is transposed, flipped or unrolled.
+    assert not {"Transpose", "ReverseSequence", "Loop"} & set(op_types)
+    version = scan_version(opset)
+    for node, _ in nodes(model.graph):
+        if node.op_type == "Scan":
+            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert set(attributes) <= {
+                "body",
+                "num_scan_inputs",
+                "scan_input_axes",
+                "scan_input_directions",
+                "scan_output_axes",
+                "scan_output_directions",
+            }
+            axes = attributes["scan_input_axes"] + attributes["scan_output_axes"]
+            assert version.negative_axes or all(a >= 0 for a in axes)
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", NAMES)
+def test_checker_accepts(exported, name: str, opset: int) -> None:
+    onnx.checker.check_model(exported(name, opset), full_check=True)
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", NAMES)
+def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> None:
+    case = CASES[name]
+    model = exported(name, opset)
+    for length in case.run_lengths or (case.export_length,):
+        inputs = case.inputs(length)
+        assert_outputs_close(
+            run_onnxruntime(model, inputs), eager_outputs(models(name), inputs), model
+        )
+
+
+REFERENCE_CASES = [name for name in NAMES if CASES[name].axis0_forward]
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", REFERENCE_CASES)
+def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
+    """onnx.reference runs Scan on axis 0, forward only: the other cases are for onnxruntime."""
+    case = CASES[name]
+    model = exported(name, opset)
+    inputs = case.inputs(case.run_lengths[-1] if case.run_lengths else case.export_length)
+    assert_outputs_close(run_reference(model, inputs), eager_outputs(models(name), inputs), model)
+
+
+class StaticElman(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.RNNCell(3, 4)
+
+    def forward(self, xs, h):
+        return torchscan.scan(lambda h, x: (self.cell(x, h), self.cell(x, h)), h, xs)
+
+
+@pytest.mark.parametrize("opset", [18, 25])
+def test_graph_does_not_grow_with_the_sequence_length(opset: int) -> None:
+    """Exported with static shapes at two lengths: the same nodes, the same size."""
+    model = StaticElman().eval()
+    sizes, counts = [], []
+    for length in (2, 40):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proto = torch.onnx.export(
+                model,
+                (torch.randn(length, 2, 3), torch.zeros(2, 4)),
+                opset_version=opset,
+                verbose=False,
+            ).model_proto
+        counts.append(sum(1 for _ in nodes(proto.graph)))
+        sizes.append(proto.ByteSize())
+    assert counts[0] == counts[1]
+    assert abs(sizes[0] - sizes[1]) < 16  # the length appears in a few shapes

@@ -1,0 +1,75 @@
+"""How torchscan plugs into torch.onnx: the hooks on torch's private API, held by tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+import torchscan  # noqa: F401  (the import installs the wrapper)
+from torchscan import _hops
+from torchscan.onnx import _hooks, _translate
+
+
+def run_python(code: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_import_wraps_torch_onnx_export_without_importing_onnx() -> None:
+    out = run_python(
+        """
+        import sys
+        import torch, torchscan
+        print(torch.onnx.export.__torchscan_wrapped__, torch.onnx.export.__name__)
+        print(sorted(m for m in ("onnx", "onnxruntime", "onnxscript") if m in sys.modules))
+        """
+    )
+    assert out.split("\n")[:2] == ["True export", "[]"]
+
+
+def test_export_installs_the_translation_and_the_converter(exported) -> None:
+    exported("elman", 18)
+    from torch.onnx._internal.exporter import _core, _registration
+
+    registry = _registration.ONNXRegistry.from_torchlib()
+    (meta,) = registry.get_decomps(_hops.torchscan_scan)
+    assert meta.onnx_function is _translate.scan_to_onnx
+    assert registry.get_decomps(torch.ops.aten.add.Tensor)  # torch's own still answer
+    assert isinstance(_core.onnxscript_apis, _hooks._ConvertingAPIs)
+    lookup = _registration.ONNXRegistry.get_decomps
+    _hooks.install()  # a second install changes nothing
+    assert _registration.ONNXRegistry.get_decomps is lookup
+
+
+def test_export_kept_from_before_the_import_still_gets_a_scan() -> None:
+    out = run_python(
+        """
+        import logging, warnings
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        import torch
+        from torch.onnx import export  # the original function, kept before torchscan exists
+        import torchscan
+
+        class M(torch.nn.Module):
+            def forward(self, xs, h):
+                return torchscan.scan(lambda c, x: (c + x, c), h, xs)
+
+        model = export(M(), (torch.ones(3, 2), torch.zeros(2)), dynamo=True, verbose=False)
+        print([n.op_type for n in model.model_proto.graph.node])
+        """
+    )
+    assert out.strip() == "['Scan']"
+
+
+def test_wrapper_keeps_the_signature_of_torch_onnx_export() -> None:
+    import inspect
+
+    assert "dynamo" in inspect.signature(torch.onnx.export).parameters
+    assert torch.onnx.export.__doc__.startswith("Exports a model into ONNX format.")

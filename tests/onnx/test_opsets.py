@@ -1,0 +1,85 @@
+"""The version table against ``onnx.defs`` and against the ONNX specification."""
+
+from __future__ import annotations
+
+import onnx.defs
+import onnx_ir as ir
+import pytest
+
+from torchscan.onnx import _opsets
+from torchscan.onnx._opsets import LOOP_VERSIONS, SCAN_VERSIONS, loop_version, scan_version
+
+
+def since_versions(op: str) -> list[int]:
+    return sorted(
+        {
+            s.since_version
+            for s in onnx.defs.get_all_schemas_with_history()
+            if s.name == op and s.domain == ""
+        }
+    )
+
+
+@pytest.mark.parametrize(("op", "table"), [("Scan", SCAN_VERSIONS), ("Loop", LOOP_VERSIONS)])
+def test_table_lists_every_version_onnx_knows(op: str, table) -> None:
+    # A new ONNX release with a new Scan or Loop fails here until the table is reviewed.
+    assert [v.since for v in table] == since_versions(op)
+    assert all(v.op == op for v in table)
+
+
+# Which version each opset uses, as the ONNX operator changelog gives it.
+SCAN_AT = {8: 8, 9: 9, 10: 9, 11: 11, 13: 11, 15: 11, 16: 16, 17: 16, 18: 16, 19: 19, 20: 19,
+           21: 21, 22: 21, 23: 23, 24: 24, 25: 25}  # fmt: skip
+LOOP_AT = {8: 1, 9: 1, 10: 1, 11: 11, 12: 11, 13: 13, 15: 13, 16: 16, 18: 16, 19: 19, 21: 21,
+           23: 23, 24: 24, 25: 25}  # fmt: skip
+
+
+@pytest.mark.parametrize(("opset", "since"), SCAN_AT.items())
+def test_scan_version_in_force(opset: int, since: int) -> None:
+    assert scan_version(opset).since == since
+
+
+@pytest.mark.parametrize(("opset", "since"), LOOP_AT.items())
+def test_loop_version_in_force(opset: int, since: int) -> None:
+    assert loop_version(opset).since == since
+
+
+@pytest.mark.parametrize("opset", [7, 26])
+def test_opsets_outside_the_range_are_refused(opset: int) -> None:
+    with pytest.raises(ValueError, match=f"torchscan exports to opsets 8 to 25, but opset {opset}"):
+        scan_version(opset)
+
+
+# The element types each version added, from the specification in ../shared/spec.
+ADDED = {
+    ir.DataType.BFLOAT16: 16,
+    ir.DataType.FLOAT8E4M3FN: 19,
+    ir.DataType.FLOAT8E4M3FNUZ: 19,
+    ir.DataType.FLOAT8E5M2: 19,
+    ir.DataType.FLOAT8E5M2FNUZ: 19,
+    ir.DataType.INT4: 21,
+    ir.DataType.UINT4: 21,
+    ir.DataType.FLOAT4E2M1: 23,
+    ir.DataType.FLOAT8E8M0: 24,
+    ir.DataType.INT2: 25,
+    ir.DataType.UINT2: 25,
+}
+
+
+@pytest.mark.parametrize("dtype", list(ADDED), ids=lambda d: d.name.lower())
+@pytest.mark.parametrize("table", [SCAN_VERSIONS, LOOP_VERSIONS], ids=["Scan", "Loop"])
+def test_first_opset_allowing_new_types(table, dtype: ir.DataType) -> None:
+    assert _opsets.first_opset_allowing(table, dtype) == ADDED[dtype]
+
+
+@pytest.mark.parametrize(
+    "version", SCAN_VERSIONS + LOOP_VERSIONS, ids=lambda v: f"{v.op}-{v.since}"
+)
+def test_classic_types_are_allowed_everywhere(version) -> None:
+    classic = {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.INT64, ir.DataType.BOOL}
+    assert classic <= version.element_types
+
+
+def test_only_scan_8_has_a_batch_axis_and_negative_axes_start_at_11() -> None:
+    assert [v.since for v in SCAN_VERSIONS if v.batch_axis] == [8]
+    assert [v.since for v in SCAN_VERSIONS if not v.negative_axes] == [8, 9]

@@ -1,0 +1,383 @@
+"""torchscan's higher-order operators: what ``scan`` becomes while a model is being exported.
+
+Eagerly, ``scan`` is a Python loop. Under ``torch.export`` (which ``torch.onnx.export(...,
+dynamo=True)`` runs) it calls the operator ``torchscan_scan`` instead, so that the exported program
+holds one node with the traced body as a subgraph and the loop's static description (the axis and
+direction of every sequence and output) as plain Python arguments. ``torchscan.onnx`` translates
+that node into one ONNX ``Scan``.
+
+``torchscan_scan(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse)``
+returns ``(*final_carries, *ys)``. ``body(*carries, *x_slices, *captured)`` returns
+``(*new_carries, *y_slices)``; every argument is a flat tuple of tensors (pytrees and ``None``
+leaves are handled before and after, in ``traced_scan``). ``out_axes`` and ``out_reverse`` may
+hold one entry to apply to every output, since the number of outputs is only known once the body
+has been traced.
+
+The operator follows ``torch/_higher_order_ops/scan.py``: a dense implementation (so that
+``ExportedProgram.module()`` runs), a fake one for shapes, functionalization, and a tracing one
+that records the body as a subgraph. Tracing also does what torch's own scan refuses to: outputs
+that alias each other or an input (``return h, h``) get a copy, and tensors and sizes the body
+captures by closure become explicit inputs.
+
+Everything here uses torch's private APIs, which is why ``pyproject.toml`` pins the torch range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._C import DispatchKey
+from torch._higher_order_ops.utils import (
+    _maybe_run_with_interpreter,
+    autograd_not_implemented,
+    check_input_alias_and_mutation_return_outputs,
+    reenter_make_fx,
+    register_fake,
+    unique_graph_id,
+)
+from torch._ops import HigherOrderOperator
+from torch.fx.experimental.proxy_tensor import (
+    ProxyTorchDispatchMode,
+    disable_proxy_modes_tracing,
+    track_tensor_tree,
+)
+
+from torchscan import _checks, _pytree
+
+
+class ScanOp(HigherOrderOperator):
+    def __init__(self) -> None:
+        super().__init__("torchscan_scan")
+
+    def __call__(self, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+        return super().__call__(
+            body,
+            tuple(carries),
+            tuple(xs),
+            tuple(captured),
+            tuple(int(a) for a in in_axes),
+            tuple(bool(r) for r in in_reverse),
+            tuple(int(a) for a in out_axes),
+            tuple(bool(r) for r in out_reverse),
+        )
+
+
+torchscan_scan = ScanOp()
+
+
+# -- shapes ------------------------------------------------------------------------------------
+
+
+def _broadcast(values: tuple, n: int) -> tuple:
+    return values * n if len(values) == 1 else values
+
+
+def _stacking_axis(axis: int, slice_rank: int) -> int:
+    return axis % (slice_rank + 1)
+
+
+def _slice_like(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """A fresh tensor shaped like one step of ``x``: indexing would guard on the length."""
+    shape = list(x.shape)
+    del shape[axis]
+    return x.new_empty(shape)
+
+
+def _stacked_like(y: torch.Tensor, length: Any, axis: int) -> torch.Tensor:
+    shape = list(y.shape)
+    shape.insert(axis, length)
+    return y.new_empty(shape)
+
+
+def _scan_length(xs: Sequence[torch.Tensor], in_axes: Sequence[int]) -> Any:
+    return xs[0].shape[in_axes[0]]
+
+
+# -- implementations ---------------------------------------------------------------------------
+
+
+@torchscan_scan.py_impl(DispatchKey.CompositeExplicitAutograd)
+def _dense(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+    length = _scan_length(xs, in_axes)
+    if length == 0:
+        empty = _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse)
+        return (*carries, *empty[len(carries) :])
+    carries = list(carries)
+    steps = []
+    for k in range(length):
+        x = [
+            leaf.select(a, length - 1 - k if r else k)
+            for leaf, a, r in zip(xs, in_axes, in_reverse, strict=True)
+        ]
+        out = body(*carries, *x, *captured)
+        carries = list(out[: len(carries)])
+        steps.append(out[len(carries) :])
+    n_ys = len(steps[0])
+    outputs = []
+    for j, (a, r) in enumerate(
+        zip(_broadcast(out_axes, n_ys), _broadcast(out_reverse, n_ys), strict=True)
+    ):
+        column = [step[j] for step in steps]
+        if r:
+            column.reverse()
+        outputs.append(torch.stack(column, dim=_stacking_axis(a, column[0].ndim)))
+    return (*carries, *outputs)
+
+
+@register_fake(torchscan_scan, skip_cache=True)
+def _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+    x = [_slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
+    out = body(*carries, *x, *captured)
+    ys = out[len(carries) :]
+    length = _scan_length(xs, in_axes)
+    axes = _broadcast(out_axes, len(ys))
+    return (
+        *[c.new_empty(c.shape) for c in carries],
+        *[
+            _stacked_like(y, length, _stacking_axis(a, y.ndim))
+            for y, a in zip(ys, axes, strict=True)
+        ],
+    )
+
+
+# Export records inference graphs; a backward through the operator is never needed there.
+torchscan_scan.py_impl(DispatchKey.Autograd)(
+    autograd_not_implemented(torchscan_scan, deferred_error=True)
+)
+
+
+@torchscan_scan.py_functionalize_impl
+def _functionalize(ctx, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+    unwrapped = [ctx.unwrap_tensors(group) for group in (carries, xs, captured)]
+    with ctx.redispatch_to_next():
+        functional_body = ctx.functionalize(_maybe_run_with_interpreter(body))
+        out = torchscan_scan(
+            functional_body, *unwrapped, in_axes, in_reverse, out_axes, out_reverse
+        )
+    return ctx.wrap_tensors(out)
+
+
+@torchscan_scan.py_impl(ProxyTorchDispatchMode)
+def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+    with disable_proxy_modes_tracing():
+        # Cloned, so that a closure reference to the initial carry stays the outer value.
+        sample_carries = [c.clone() for c in carries]
+        sample_xs = [_slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
+    body_gm, captured = trace_body(mode, body, [*sample_carries, *sample_xs], captured)
+    _refuse_mutation(body_gm, len(carries), len(xs))
+    outputs = _output_values(body_gm)
+    ys = outputs[len(carries) :]
+    out_axes = tuple(
+        _stacking_axis(a, y.ndim) for a, y in zip(_broadcast(out_axes, len(ys)), ys, strict=True)
+    )
+    out_reverse = _broadcast(out_reverse, len(ys))
+    args = (body_gm, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse)
+    length = _scan_length(xs, in_axes)
+    with disable_proxy_modes_tracing():
+        example = (
+            *[c.new_empty(c.shape) for c in carries],
+            *[_stacked_like(y, length, a) for y, a in zip(ys, out_axes, strict=True)],
+        )
+    return record(mode, torchscan_scan, body_gm, args, example)
+
+
+# -- tracing a body ----------------------------------------------------------------------------
+
+
+def trace_body(
+    mode: ProxyTorchDispatchMode,
+    body: Callable,
+    sample_inputs: Sequence[Any],
+    captured: Sequence[Any],
+) -> tuple[torch.fx.GraphModule, tuple[Any, ...]]:
+    """Trace ``body(*sample_inputs, *captured)`` into a graph module whose only free values are
+    its inputs, and return it with the full list of captured values.
+
+    Tensors the body reads by closure (parameters, buffers, values of the outer graph, and
+    constants it builds) arrive in the trace as attributes; they become trailing inputs, so that
+    the outer graph passes them in (and, for a nested loop, lifts them further out). Sizes of the
+    outer graph that the body reads (``n = x.shape[0]``) are offered as inputs too, and kept
+    when used. Outputs that repeat another output or an input get a copy: ONNX and torch.export
+    both want every body output to be a value of its own.
+    """
+    n_inputs = len(sample_inputs) + len(captured)
+    symbols = _outer_symbols(mode.tracer)
+
+    def body_with_symbols(*args):
+        return body(*args[:n_inputs])
+
+    gm = reenter_make_fx(body_with_symbols)(*sample_inputs, *captured, *symbols)
+    used_symbols = _drop_unused_symbols(gm, n_inputs, symbols)
+    lifted = _lift_closure_tensors(gm)
+    _copy_aliased_outputs(gm)
+    return gm, (*captured, *used_symbols, *lifted)
+
+
+def record(
+    mode: ProxyTorchDispatchMode,
+    op: HigherOrderOperator,
+    body_gm: torch.fx.GraphModule,
+    args: tuple,
+    example: tuple,
+) -> Any:
+    """Add one call of ``op`` with ``args`` to the outer graph; ``example`` gives its outputs."""
+    _, name = unique_graph_id(mode, prefix=f"{op._name}_body")
+    mode.tracer.root.register_module(name, body_gm)
+    proxy_args = pytree.tree_map(mode.tracer.unwrap_proxy, args)
+    out_proxy = mode.tracer.create_proxy("call_function", op, proxy_args, {}, name=op._name)
+    return track_tensor_tree(example, out_proxy, constant=None, tracer=mode.tracer)
+
+
+def _output_values(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return [node.meta["val"] for node in output.args[0]]
+
+
+def _outer_symbols(tracer: Any) -> list[torch.SymInt]:
+    import sympy
+
+    tracked = getattr(tracer, "sympy_expr_tracker", {})
+    symbols = [v.value for expr, v in tracked.items() if isinstance(expr, sympy.Symbol)]
+    return sorted(symbols, key=lambda s: str(s.node.expr))
+
+
+def _drop_unused_symbols(
+    gm: torch.fx.GraphModule, n_inputs: int, symbols: list[torch.SymInt]
+) -> list[torch.SymInt]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    used = []
+    for node, symbol in zip(placeholders[n_inputs:], symbols, strict=True):
+        if node.users:
+            used.append(symbol)
+        else:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return used
+
+
+def _lift_closure_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """Turn every tensor attribute of ``gm`` into a trailing input; return those tensors."""
+    graph = gm.graph
+    anchor = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    lifted: list[torch.Tensor] = []
+    inputs: dict[int, torch.fx.Node] = {}
+    targets = set()
+    for node in list(graph.nodes):
+        value = getattr(gm, node.target, None) if node.op == "get_attr" else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        placeholder = inputs.get(id(value))
+        if placeholder is None:
+            with graph.inserting_after(anchor):
+                placeholder = graph.placeholder(f"captured_{len(lifted)}")
+            placeholder.meta["val"] = value
+            anchor = inputs[id(value)] = placeholder
+            lifted.append(value)
+        node.replace_all_uses_with(placeholder)
+        graph.erase_node(node)
+        targets.add(node.target)
+    for target in targets:
+        delattr(gm, target)
+    gm.recompile()
+    return lifted
+
+
+def _copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:
+    graph = gm.graph
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    values = list(output.args[0])
+    seen: set[torch.fx.Node] = set()
+    for i, value in enumerate(values):
+        if value in seen or value.op == "placeholder":
+            with graph.inserting_before(output):
+                copy = graph.call_function(torch.ops.aten.clone.default, (value,))
+            copy.meta = dict(value.meta)
+            values[i] = copy
+        seen.add(values[i])
+    output.args = (tuple(values),)
+    gm.recompile()
+
+
+def _refuse_mutation(gm: torch.fx.GraphModule, n_carries: int, n_sequences: int) -> None:
+    """A body that writes in place into a sequence slice or a captured tensor has an effect an
+    ONNX loop cannot express; the carry is a per-step value and may be changed freely."""
+    *_, mutated, _ = check_input_alias_and_mutation_return_outputs(gm)
+    bad = sorted(i for i in set(mutated) if i >= n_carries)
+    if bad:
+        what = [
+            "a slice of xs" if i < n_carries + n_sequences else "a tensor it reads by closure"
+            for i in bad
+        ]
+        raise _checks.ExportError(
+            "torchscan: the loop body modifies in place "
+            f"{' and '.join(dict.fromkeys(what))}, which an exported loop cannot do (the model "
+            "would compute something else than eager PyTorch). Return the new value as part of "
+            "the carry instead."
+        )
+
+
+# -- from pytrees to the operator --------------------------------------------------------------
+
+
+def traced_scan(
+    fn: Callable,
+    init: Any,
+    xs_leaves: list,
+    xs_spec: Any,
+    axes: list,
+    length: Any,
+    axis: int,
+    reverse: bool,
+) -> tuple[Any, Any]:
+    """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors.
+
+    ``None`` leaves exist in pytrees but not among an operator's tensors, so they are dropped on
+    the way in and put back on the way out.
+    """
+    if torch.onnx.is_in_onnx_export():
+        from torchscan import _torch_onnx_hook
+
+        _torch_onnx_hook.install_onnx_hooks()
+    carry_type = _checks.CarryType("torchscan.scan", "fn", init)
+    carry_leaves, carry_spec = carry_type.leaves, carry_type.spec
+    carry_present = [leaf is not None for leaf in carry_leaves]
+    x_present = [leaf is not None for leaf in xs_leaves]
+    carries = [leaf for leaf in carry_leaves if leaf is not None]
+    xs = [leaf for leaf in xs_leaves if leaf is not None]
+    in_axes = [a for a, present in zip(axes, x_present, strict=True) if present]
+    if not xs:
+        # A Scan needs a sequence to count its steps: an empty one, (length, 0), costs nothing.
+        xs, in_axes = [torch.empty(length, 0)], [0]
+    y_layout: list = []
+
+    def body(*args):
+        carry = _pytree.tree_unflatten(_fill(carry_present, args[: len(carries)]), carry_spec)
+        x_args = args[len(carries) : len(carries) + len(xs)][: sum(x_present)]
+        x = _pytree.tree_unflatten(_fill(x_present, x_args), xs_spec)
+        out = fn(carry, x)
+        _checks.check_pair("torchscan.scan", "fn", out)
+        new_carry, y = out
+        carry_type.check(new_carry, "")
+        y_leaves, y_spec = _pytree.tree_flatten(y)
+        _checks.check_tensor_leaves("torchscan.scan", "y", y, y_leaves)
+        y_layout[:] = [y_spec, [leaf is not None for leaf in y_leaves]]
+        new_leaves = _pytree.tree_leaves(new_carry)
+        return (
+            *[leaf for leaf in new_leaves if leaf is not None],
+            *[leaf for leaf in y_leaves if leaf is not None],
+        )
+
+    out = torchscan_scan(body, carries, xs, (), in_axes, (reverse,) * len(xs), (axis,), (reverse,))
+    y_spec, y_present = y_layout
+    carry = _pytree.tree_unflatten(_fill(carry_present, out[: len(carries)]), carry_spec)
+    ys = _pytree.tree_unflatten(_fill(y_present, out[len(carries) :]), y_spec)
+    return carry, ys
+
+
+def _fill(present: Sequence[bool], values: Sequence[Any]) -> list[Any]:
+    """Put ``values`` where ``present`` is true and ``None`` elsewhere."""
+    it = iter(values)
+    return [next(it) if p else None for p in present]

@@ -1,0 +1,130 @@
+"""How torchscan plugs into ``torch.onnx.export(..., dynamo=True)``, with no argument from the user.
+
+Two private extension points of torch.onnx (torch 2.13 and 2.14) are used, and tests hold both:
+
+* the lookup of translations, ``ONNXRegistry.get_decomps``: torchscan answers it for its own
+  operators, also in registries that torch.onnx built before the hooks were installed (the
+  export call builds its registry before it traces the model);
+* the version conversion it runs once the model is built (``_core.onnxscript_apis.
+  convert_version``): torchscan checks every Scan and Loop against the rules of the opset asked
+  for, and converts models below opset 18 itself, Scan and Loop bodies included, where
+  torch.onnx would keep opset 18.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx_ir as ir
+
+from torchscan import _checks
+from torchscan.onnx import _opsets
+
+_installed = False
+
+
+def install() -> None:
+    """Register the translations and the conversion hook in torch.onnx (once per process)."""
+    global _installed
+    if _installed:
+        return
+    from torch.onnx._internal.exporter import _core, _registration
+
+    from torchscan import _hops
+    from torchscan.onnx import _translate
+
+    translations = {_hops.torchscan_scan: _translate.scan_to_onnx}
+    _registration.ONNXRegistry.get_decomps = _with_translations(
+        _registration.ONNXRegistry.get_decomps, translations, _registration.OnnxDecompMeta
+    )
+    _core.onnxscript_apis = _ConvertingAPIs(_core.onnxscript_apis)
+    _installed = True
+
+
+def _with_translations(get_decomps: Any, translations: dict, meta: type) -> Any:
+    """``ONNXRegistry.get_decomps`` that knows ``translations`` (operator -> function)."""
+    metas = {
+        op: [
+            meta(
+                onnx_function=function,
+                fx_target=op,
+                signature=None,
+                is_custom=True,
+                skip_signature_inference=True,
+            )
+        ]
+        for op, function in translations.items()
+    }
+
+    def lookup(registry: Any, target: Any) -> Any:
+        for op, found in metas.items():
+            if target is op:
+                return found
+        return get_decomps(registry, target)
+
+    return lookup
+
+
+class _ConvertingAPIs:
+    """torch.onnx's onnxscript entry points, with ``convert_version`` replaced."""
+
+    def __init__(self, apis: Any) -> None:
+        self._apis = apis
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._apis, name)
+
+    def convert_version(self, model: ir.Model, target_version: int) -> ir.Model:
+        check_loop_types(model.graph, target_version)
+        if target_version >= _opsets.TORCH_BUILD_OPSET:
+            return self._apis.convert_version(model, target_version)
+        from torchscan.onnx import _convert
+
+        converted = _convert.convert_model(ir.serde.serialize_model(model), target_version)
+        return ir.serde.deserialize_model(converted)
+
+
+def check_loop_types(graph: ir.Graph, opset: int) -> None:
+    """Refuse a Scan or Loop, at any depth, whose tensors have an element type that its version
+    at ``opset`` does not allow, naming the first opset that does."""
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Scan", "Loop"):
+            continue
+        is_scan = node.op_type == "Scan"
+        versions = _opsets.SCAN_VERSIONS if is_scan else _opsets.LOOP_VERSIONS
+        version = (_opsets.scan_version if is_scan else _opsets.loop_version)(opset)
+        for role, value in _roles(node):
+            if value.type is None or value.dtype in version.element_types:
+                continue
+            first = _opsets.first_opset_allowing(versions, value.dtype)
+            remedy = (
+                f"export with opset_version={first} or newer, or cast it to a type that opset "
+                f"{opset} allows"
+                if first
+                else "cast it to another type"
+            )
+            raise _checks.ExportError(
+                f"torchscan: the {node.op_type} node {node.name!r} has {role}, tensor "
+                f"{value.name!r}, of element type {value.dtype.name.lower()}, which "
+                f"{node.op_type}-{version.since} (the version in force at opset {opset}) does not "
+                f"allow; the first opset that allows it is {first}. To export it, {remedy}."
+            )
+
+
+def _roles(node: ir.Node) -> list[tuple[str, ir.Value]]:
+    """Every input and output of a Scan or Loop, with what it is to the loop."""
+    inputs = [v for v in node.inputs if v is not None]
+    if node.op_type == "Scan":
+        n_carried = len(inputs) - node.attributes["num_scan_inputs"].as_int()
+        named = [
+            *((f"initial carried value {i}", v) for i, v in enumerate(inputs[:n_carried])),
+            *((f"scanned sequence {i}", v) for i, v in enumerate(inputs[n_carried:])),
+        ]
+    else:
+        n_carried = len(node.inputs) - 2
+        named = [(f"initial carried value {i}", v) for i, v in enumerate(node.inputs[2:])]
+    return [
+        *named,
+        *((f"final carried value {i}", v) for i, v in enumerate(node.outputs[:n_carried])),
+        *((f"stacked output {i}", v) for i, v in enumerate(node.outputs[n_carried:])),
+    ]
