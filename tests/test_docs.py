@@ -31,3 +31,12 @@ def test_readme_has_exactly_two_setup_commands() -> None:
     assert "pytest" in tests
     ci = (ROOT / ".ci" / "run").read_text()
     assert "test-command" in ci  # .ci/run reads the test command from the README
+
+
+def test_export_page_has_the_current_opset_table() -> None:
+    from torchscan.onnx._opsets import markdown_table
+
+    page = (ROOT / "docs" / "export.md").read_text()
+    generated = page.split("<!-- opset-table", 1)[1].split("-->", 1)[1]
+    generated = generated.split("<!-- end of opset-table -->", 1)[0]
+    assert generated.strip() == markdown_table().strip()

@@ -116,3 +116,16 @@ def test_graph_does_not_grow_with_the_sequence_length(opset: int) -> None:
         sizes.append(proto.ByteSize())
     assert counts[0] == counts[1]
     assert abs(sizes[0] - sizes[1]) < 16  # the length appears in a few shapes
+
+
+@pytest.mark.parametrize("opset", [18, 25])
+def test_captured_parameters_stay_in_the_outer_graph(exported, opset: int) -> None:
+    model = exported("captured", opset)
+    outer = {init.name for init in model.graph.initializer}
+    scan = next(node for node, depth in nodes(model.graph) if node.op_type == "Scan")
+    body = scan.attribute[0].g
+    assert not body.initializer
+    assert not [node for node, _ in nodes(body) if node.op_type == "Constant"]
+    read_from_outside = {name for node, _ in nodes(body) for name in node.input} & outer
+    # the weight and the scale buffer; `bias`, computed outside from the weight, is a value
+    assert len(read_from_outside) >= 2

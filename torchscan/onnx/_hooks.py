@@ -1,6 +1,6 @@
 """How torchscan plugs into ``torch.onnx.export(..., dynamo=True)``, with no argument from the user.
 
-Two private extension points of torch.onnx (torch 2.13 and 2.14) are used, and tests hold both:
+Two private extension points of torch.onnx (torch 2.13) are used, and tests hold both:
 
 * the lookup of translations, ``ONNXRegistry.get_decomps``: torchscan answers it for its own
   operators, also in registries that torch.onnx built before the hooks were installed (the
