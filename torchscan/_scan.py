@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from torchscan import _checks, _pytree
+from torchscan import _checks, _outputs, _pytree
 
 Carry = TypeVar("Carry")
 X = Any
 Y = Any
 
 _API = "torchscan.scan"
+_OUTPUTS = _outputs.Outputs(_API, "fn", "xs index")
 
 
 def scan(
@@ -104,7 +105,7 @@ def scan(
     carry, ys = _run(fn, plan.carry_type, reversed(steps) if reverse else steps, axis)
     if reverse:
         ys.reverse()
-    return carry, _stack(ys, axis)
+    return carry, _OUTPUTS.stack(ys, axis)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +153,7 @@ def _run(
     _checks.check_pair(_API, "fn", out)
     carry, y = out
     carry_type.check(carry, " in its first step")
-    _check_y(y, axis)
+    _OUTPUTS.check_first(y, axis)
     ys = [y]
     append = ys.append
     for x in steps:
@@ -167,118 +168,23 @@ def _run(
     return carry, ys
 
 
-def _check_y(y: Any, axis: int) -> None:
-    leaves = _pytree.tree_leaves(y)
-    _checks.check_tensor_leaves(_API, "y", y, leaves)
-    bad = [
-        i for i, leaf in enumerate(leaves) if leaf is not None and not _fits(axis, leaf.ndim + 1)
-    ]
-    if bad:
-        names = _pytree.leaf_names(y, "y")
-        lines = [
-            f"{names[i]} has shape {tuple(leaves[i].shape)}, so ys gets rank "
-            f"{leaves[i].ndim + 1} and axis must be in [{-leaves[i].ndim - 1}, {leaves[i].ndim}]"
-            for i in bad
-        ]
-        raise ValueError(
-            f"{_API}: axis={axis} is also the axis that ys are stacked on, and it does not fit "
-            f"every leaf of y:{_checks.bullets(lines)}"
-        )
-
-
-def _fits(axis: int, ndim: int) -> bool:
-    return -ndim <= axis < ndim
-
-
-def _stack(ys: list[Any], axis: int) -> Any:
-    """Stack every leaf of the per-step outputs along ``axis``."""
-    spec = _pytree.tree_structure(ys[0])
-    if _pytree.is_leaf_spec(spec):
-        return _stack_leaf(ys, axis, ys[0], 0)
-    flat = [_pytree.tree_flatten(y) for y in ys]
-    for _, step_spec in flat:
-        if step_spec != spec:
-            raise TypeError(
-                f"{_API}: fn must return y of the same structure at every step, but:\n"
-                f"  * the first step returned {_pytree.structure_text(spec)}\n"
-                f"  * a later step returned {_pytree.structure_text(step_spec)}"
-            )
-    columns = zip(*(step_leaves for step_leaves, _ in flat), strict=True)
-    stacked = [_stack_leaf(column, axis, ys[0], i) for i, column in enumerate(columns)]
-    return _pytree.tree_unflatten(stacked, spec)
-
-
-def _stack_leaf(column: Sequence[Any], axis: int, y: Any, index: int) -> torch.Tensor | None:
-    """Stack leaf ``index`` of every step's ``y`` (``column``); ``y`` names it in errors."""
-    first = column[0]
-    if first is None:
-        if any(leaf is not None for leaf in column):
-            _raise_y_changed(column, y, index)
-        return None
-    try:
-        stacked = torch.stack(column, dim=axis)
-    except (RuntimeError, TypeError):
-        _raise_y_changed(column, y, index)
-    # stack promotes mixed dtypes; a step with a wider dtype than the first shows up here, one
-    # with a narrower dtype is cast exactly to the first step's dtype. Reading every dtype would
-    # cost more than the rest of the bookkeeping.
-    if stacked.dtype != first.dtype:
-        _raise_y_changed(column, y, index)
-    return stacked
-
-
-def _raise_y_changed(column: Sequence[Any], y: Any, index: int) -> NoReturn:
-    name = _pytree.leaf_names(y, "y")[index]
-    first = _checks.describe(column[0])
-    step, other = next(
-        (step, _checks.describe(leaf))
-        for step, leaf in enumerate(column)
-        if _checks.describe(leaf) != first
-    )
-    raise TypeError(
-        f"{_API}: fn must return y of the same type at every step, but {name} is {first} "
-        f"for xs index 0 and {other} for xs index {step}."
-    )
-
-
 def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: int) -> Any:
-    """``ys`` of a scan with zero steps, with the shapes and dtypes ``fn`` would give them.
-
-    ``fn`` runs once on fake tensors (shape and dtype only, no data), so no real data is read
-    and nothing ``fn`` computes is kept.
-    """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake_init = _pytree.tree_map(lambda t: t if t is None else mode.from_tensor(t), init)
-        fake_x = _pytree.tree_unflatten(
-            [
-                None if leaf is None else _without_axis(leaf, a)
-                for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
-            ],
-            plan.xs_spec,
-        )
-        try:
-            out = fn(fake_init, fake_x)
-        except Exception as error:
-            raise ValueError(
-                f"{_API}: xs has length 0, so the shapes of ys are found by calling fn once on "
-                f"fake tensors (no data), and that call failed with {type(error).__name__}: "
-                f"{error}"
-            ) from error
-        _checks.check_pair(_API, "fn", out)
-        carry, y = out
-        plan.carry_type.check(carry, "")
-        _check_y(y, axis)
-    return _pytree.tree_map(lambda t: t if t is None else _empty_stack(t, axis), y)
+    """``ys`` of a scan with zero steps, with the shapes and dtypes ``fn`` would give them."""
+    fake_x = _pytree.tree_unflatten(
+        [
+            None if leaf is None else _without_axis(leaf, a)
+            for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
+        ],
+        plan.xs_spec,
+    )
+    out = _OUTPUTS.call_on_fake("xs has length 0", fn, init, fake_x)
+    _checks.check_pair(_API, "fn", out)
+    carry, y = out
+    plan.carry_type.check(carry, "")
+    _OUTPUTS.check_first(y, axis)
+    return _OUTPUTS.empty(y, axis)
 
 
 def _without_axis(leaf: torch.Tensor, axis: int) -> torch.Tensor:
     shape = leaf.shape[:axis] + leaf.shape[axis + 1 :]
     return torch.empty(shape, dtype=leaf.dtype, device=leaf.device)
-
-
-def _empty_stack(fake: torch.Tensor, axis: int) -> torch.Tensor:
-    shape = list(fake.shape)
-    shape.insert(axis % (fake.ndim + 1), 0)
-    return torch.empty(shape, dtype=fake.dtype, device=fake.device)

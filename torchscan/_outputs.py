@@ -1,0 +1,123 @@
+"""What loops do with the ``y`` of every step: check it, stack it, or make it empty.
+
+Shared by ``scan`` and ``loop``, which differ only in words: what the function is called and how
+a step is named in messages (``xs index 3``, ``iteration 3``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import torch
+
+from torchscan import _checks, _pytree
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    api: str
+    fn_name: str
+    step_name: str
+
+    def check_first(self, y: Any, axis: int) -> None:
+        """``y`` holds tensors and ``None`` only, and each tensor can be stacked on ``axis``."""
+        leaves = _pytree.tree_leaves(y)
+        _checks.check_tensor_leaves(self.api, "y", y, leaves)
+        bad = [i for i, leaf in enumerate(leaves) if leaf is not None and not _fits(axis, leaf)]
+        if bad:
+            names = _pytree.leaf_names(y, "y")
+            lines = [
+                f"{names[i]} has shape {tuple(leaves[i].shape)}, so ys gets rank "
+                f"{leaves[i].ndim + 1} and axis must be in "
+                f"[{-leaves[i].ndim - 1}, {leaves[i].ndim}]"
+                for i in bad
+            ]
+            raise ValueError(
+                f"{self.api}: axis={axis} is also the axis that ys are stacked on, and it does "
+                f"not fit every leaf of y:{_checks.bullets(lines)}"
+            )
+
+    def stack(self, ys: list[Any], axis: int) -> Any:
+        """Stack every leaf of the per-step outputs along ``axis``."""
+        spec = _pytree.tree_structure(ys[0])
+        if _pytree.is_leaf_spec(spec):
+            return self._stack_leaf(ys, axis, ys[0], 0)
+        flat = [_pytree.tree_flatten(y) for y in ys]
+        for _, step_spec in flat:
+            if step_spec != spec:
+                raise TypeError(
+                    f"{self.api}: {self.fn_name} must return y of the same structure at every "
+                    f"step, but:\n"
+                    f"  * the first step returned {_pytree.structure_text(spec)}\n"
+                    f"  * a later step returned {_pytree.structure_text(step_spec)}"
+                )
+        columns = zip(*(step_leaves for step_leaves, _ in flat), strict=True)
+        stacked = [self._stack_leaf(column, axis, ys[0], i) for i, column in enumerate(columns)]
+        return _pytree.tree_unflatten(stacked, spec)
+
+    def _stack_leaf(
+        self, column: Sequence[Any], axis: int, y: Any, index: int
+    ) -> torch.Tensor | None:
+        """Stack leaf ``index`` of every step's ``y`` (``column``); ``y`` names it in errors."""
+        first = column[0]
+        if first is None:
+            if any(leaf is not None for leaf in column):
+                self._raise_changed(column, y, index)
+            return None
+        try:
+            stacked = torch.stack(column, dim=axis)
+        except (RuntimeError, TypeError):
+            self._raise_changed(column, y, index)
+        # stack promotes mixed dtypes; a step with a wider dtype than the first shows up here,
+        # one with a narrower dtype is cast exactly to the first step's dtype. Reading every
+        # dtype would cost more than the rest of the bookkeeping.
+        if stacked.dtype != first.dtype:
+            self._raise_changed(column, y, index)
+        return stacked
+
+    def _raise_changed(self, column: Sequence[Any], y: Any, index: int) -> NoReturn:
+        name = _pytree.leaf_names(y, "y")[index]
+        first = _checks.describe(column[0])
+        step, other = next(
+            (step, _checks.describe(leaf))
+            for step, leaf in enumerate(column)
+            if _checks.describe(leaf) != first
+        )
+        raise TypeError(
+            f"{self.api}: {self.fn_name} must return y of the same type at every step, but "
+            f"{name} is {first} for {self.step_name} 0 and {other} for {self.step_name} {step}."
+        )
+
+    def empty(self, fake_y: Any, axis: int) -> Any:
+        """``ys`` of zero steps: every tensor of ``fake_y`` with a 0-length axis inserted."""
+        return _pytree.tree_map(lambda t: t if t is None else _empty_stack(t, axis), fake_y)
+
+    def call_on_fake(self, why: str, fn: Callable, *args: Any) -> Any:
+        """Call ``fn(*args)`` on fake tensors (shapes and dtypes, no data) to learn what it
+        returns; ``why`` says in errors why it had to be called that way."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake_args = _pytree.tree_map(
+                lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args
+            )
+            try:
+                return fn(*fake_args)
+            except Exception as error:
+                raise ValueError(
+                    f"{self.api}: {why}, so the shapes of ys are found by calling "
+                    f"{self.fn_name} once on fake tensors (no data), and that call failed with "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+
+
+def _fits(axis: int, leaf: torch.Tensor) -> bool:
+    return -leaf.ndim - 1 <= axis <= leaf.ndim
+
+
+def _empty_stack(fake: torch.Tensor, axis: int) -> torch.Tensor:
+    shape = list(fake.shape)
+    shape.insert(axis % (fake.ndim + 1), 0)
+    return torch.empty(shape, dtype=fake.dtype, device=fake.device)
