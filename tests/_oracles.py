@@ -27,3 +27,17 @@ def stack_trees(trees: list[Any], axis: int) -> Any:
         None if column[0] is None else torch.stack(list(column), dim=axis) for column in columns
     ]
     return pytree.tree_unflatten(stacked, spec)
+
+
+def loop_loop(body, init, *, trip_count=None, cond=None) -> tuple[Any, Any]:
+    """``loop`` as the ONNX Loop's C-like pseudo-code, run in Python; at least one iteration."""
+    keep_going = True if cond is None else bool(cond)
+    carry, ys, i = init, [], 0
+    while keep_going and (trip_count is None or i < int(trip_count)):
+        out = body(torch.tensor(i), carry)
+        carry, y = out[0], out[1]
+        ys.append(y)
+        if len(out) == 3:
+            keep_going = not bool(out[2].stop)
+        i += 1
+    return carry, stack_trees(ys, 0)

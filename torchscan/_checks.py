@@ -154,8 +154,9 @@ def check_same_device(api: str, trees: Sequence[tuple[str, Any, Sequence[Any]]])
         for name, leaf in zip(_pytree.leaf_names(tree, root), leaves, strict=True)
         if isinstance(leaf, torch.Tensor)
     ]
+    roots = " and ".join(root for root, _, _ in trees)
     raise ValueError(
-        f"{api}: all tensors of init and xs must be on one device, but:{bullets(lines)}\n"
+        f"{api}: all tensors of {roots} must be on one device, but:{bullets(lines)}\n"
         "Move them with .to(device) first."
     )
 

@@ -209,11 +209,35 @@ def trace_body(
     def body_with_symbols(*args):
         return body(*args[:n_inputs])
 
-    gm = reenter_make_fx(body_with_symbols)(*sample_inputs, *captured, *symbols)
+    with _ignore_fresh_unbacked_symbols(), _export_indexing():
+        gm = reenter_make_fx(body_with_symbols)(*sample_inputs, *captured, *symbols)
     used_symbols = _drop_unused_symbols(gm, n_inputs, symbols)
     lifted = _lift_closure_tensors(gm)
     _copy_aliased_outputs(gm)
     return gm, (*captured, *used_symbols, *lifted)
+
+
+def _export_indexing() -> Any:
+    """Indexing as torch.export's non-strict mode does it at the top level of a model, where
+    ``x[i]`` with a 0-d integer tensor ``i`` becomes ``select(x, 0, i.item())`` instead of
+    failing on a value known only when the model runs. A body is traced below the operator's
+    dispatch, where that handler is no longer active."""
+    from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
+
+    return _NonStrictTorchFunctionHandler()
+
+
+def _ignore_fresh_unbacked_symbols() -> Any:
+    """Sizes a body computes from data (``x[i]`` with a tensor ``i`` reads ``i``'s value) belong to
+    the body: they must not be taken for outputs of the outer graph, as torch's while_loop does."""
+    import contextlib
+
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode()
+    if fake_mode is None or fake_mode.shape_env is None:
+        return contextlib.nullcontext()
+    return fake_mode.shape_env.ignore_fresh_unbacked_symbols()
 
 
 def record(
@@ -337,10 +361,7 @@ def traced_scan(
     ``None`` leaves exist in pytrees but not among an operator's tensors, so they are dropped on
     the way in and put back on the way out.
     """
-    if torch.onnx.is_in_onnx_export():
-        from torchscan import _torch_onnx_hook
-
-        _torch_onnx_hook.install_onnx_hooks()
+    _install_onnx_hooks_if_exporting()
     carry_type = _checks.CarryType("torchscan.scan", "fn", init)
     carry_leaves, carry_spec = carry_type.leaves, carry_type.spec
     carry_present = [leaf is not None for leaf in carry_leaves]
@@ -381,3 +402,151 @@ def _fill(present: Sequence[bool], values: Sequence[Any]) -> list[Any]:
     """Put ``values`` where ``present`` is true and ``None`` elsewhere."""
     it = iter(values)
     return [next(it) if p else None for p in present]
+
+
+# -- loop --------------------------------------------------------------------------------------
+
+
+class LoopOp(HigherOrderOperator):
+    """``torchscan_loop(body, trip_count, cond, carries, captured, has_until)`` returns
+    ``(*final_carries, *ys)``; ``body(i, *carries, *captured)`` returns ``(*new_carries,
+    *y_slices)`` followed by the stop flag when ``has_until``. ``trip_count`` is an int, a size
+    of the traced program, a 0-d integer tensor or None; ``cond`` a 0-d bool tensor or None."""
+
+    def __init__(self) -> None:
+        super().__init__("torchscan_loop")
+
+    def __call__(self, body, trip_count, cond, carries, captured, has_until):
+        return super().__call__(
+            body, trip_count, cond, tuple(carries), tuple(captured), bool(has_until)
+        )
+
+
+torchscan_loop = LoopOp()
+
+
+def _n_ys(out: Sequence[Any], n_carries: int, has_until: bool) -> int:
+    return len(out) - n_carries - int(has_until)
+
+
+@torchscan_loop.py_impl(DispatchKey.CompositeExplicitAutograd)
+def _loop_dense(body, trip_count, cond, carries, captured, has_until):
+    keep_going = True if cond is None else bool(cond)
+    trips = None if trip_count is None else int(trip_count)
+    carries, steps, i = list(carries), [], 0
+    while keep_going and (trips is None or i < trips):
+        out = body(torch.tensor(i), *carries, *captured)
+        n_ys = _n_ys(out, len(carries), has_until)
+        carries, ys = list(out[: len(carries)]), out[len(carries) : len(carries) + n_ys]
+        steps.append(ys)
+        if has_until:
+            keep_going = not bool(out[-1])
+        i += 1
+    if not steps:
+        empty = _loop_fake(body, trip_count, cond, carries, captured, has_until)
+        return (*carries, *(y.new_empty(y.shape) for y in empty[len(carries) :]))
+    return (*carries, *(torch.stack(column) for column in zip(*steps, strict=True)))
+
+
+@register_fake(torchscan_loop, skip_cache=True)
+def _loop_fake(body, trip_count, cond, carries, captured, has_until):
+    reference = next(iter([*carries, *captured]), None)
+    i = torch.zeros((), dtype=torch.int64, device=None if reference is None else reference.device)
+    with _ignore_fresh_unbacked_symbols():
+        out = body(i, *carries, *captured)
+    ys = out[len(carries) : len(carries) + _n_ys(out, len(carries), has_until)]
+    length = _loop_length(trip_count, cond, has_until)
+    return (
+        *[c.new_empty(c.shape) for c in carries],
+        *[_stacked_like(y, length, 0) for y in ys],
+    )
+
+
+def _loop_length(trip_count: Any, cond: Any, has_until: bool) -> Any:
+    """The number of iterations as the fake implementation sees it: the trip count when nothing
+    else can stop the loop, else a new size known only when the model runs."""
+    if not has_until and cond is None and isinstance(trip_count, (int, torch.SymInt)):
+        return trip_count
+    from torch._guards import detect_fake_mode
+
+    shape_env = detect_fake_mode().shape_env
+    length = shape_env.create_unbacked_symint()
+    torch._check(length >= 0)
+    return length
+
+
+torchscan_loop.py_impl(DispatchKey.Autograd)(
+    autograd_not_implemented(torchscan_loop, deferred_error=True)
+)
+
+
+@torchscan_loop.py_functionalize_impl
+def _loop_functionalize(ctx, body, trip_count, cond, carries, captured, has_until):
+    unwrapped = [ctx.unwrap_tensors(group) for group in (trip_count, cond, carries, captured)]
+    with ctx.redispatch_to_next():
+        functional_body = ctx.functionalize(_maybe_run_with_interpreter(body))
+        out = torchscan_loop(functional_body, *unwrapped, has_until)
+    return ctx.wrap_tensors(out)
+
+
+@torchscan_loop.py_impl(ProxyTorchDispatchMode)
+def _loop_trace(mode, body, trip_count, cond, carries, captured, has_until):
+    with disable_proxy_modes_tracing():
+        sample_carries = [c.clone() for c in carries]
+        reference = next(iter([*carries, *captured]), None)
+        i = torch.zeros(
+            (), dtype=torch.int64, device=None if reference is None else reference.device
+        )
+    body_gm, captured = trace_body(mode, body, [i, *sample_carries], captured)
+    _refuse_mutation(body_gm, 1 + len(carries), 0)
+    args = (body_gm, trip_count, cond, carries, captured, has_until)
+    with disable_proxy_modes_tracing():
+        example = torchscan_loop(*args)
+    return record(mode, torchscan_loop, body_gm, args, example)
+
+
+def traced_loop(
+    body: Callable, carry_type: _checks.CarryType, trip_count: Any, cond: Any
+) -> tuple[Any, Any]:
+    """``loop`` under ``torch.export``: one ``torchscan_loop`` call on the flat tensors."""
+    from torchscan._loop import _check_result, _check_stop
+
+    _install_onnx_hooks_if_exporting()
+    present = [leaf is not None for leaf in carry_type.leaves]
+    carries = [leaf for leaf in carry_type.leaves if leaf is not None]
+    layout: list = []
+
+    def flat_body(i, *args):
+        carry = _pytree.tree_unflatten(_fill(present, args[: len(carries)]), carry_type.spec)
+        out = body(i, carry)
+        has_until = _check_result(out, needs_until=trip_count is None)
+        carry_type.check(out[0], "")
+        y_leaves, y_spec = _pytree.tree_flatten(out[1])
+        _checks.check_tensor_leaves("torchscan.loop", "y", out[1], y_leaves)
+        layout[:] = [y_spec, [leaf is not None for leaf in y_leaves], has_until]
+        stop = [_check_stop(out[2].stop, 0)] if has_until else []
+        return (
+            *[leaf for leaf in _pytree.tree_leaves(out[0]) if leaf is not None],
+            *[leaf for leaf in y_leaves if leaf is not None],
+            *stop,
+        )
+
+    if isinstance(cond, bool):
+        cond = torch.tensor(cond)
+    # Whether body returns until is only known once it has run: trace it on fake tensors first.
+    with disable_proxy_modes_tracing(), _ignore_fresh_unbacked_symbols():
+        i = torch.zeros((), dtype=torch.int64)
+        flat_body(i, *[c.clone() for c in carries])
+    has_until = layout[2]
+    out = torchscan_loop(flat_body, trip_count, cond, carries, (), has_until)
+    y_spec, y_present, _ = layout
+    carry = _pytree.tree_unflatten(_fill(present, out[: len(carries)]), carry_type.spec)
+    ys = _pytree.tree_unflatten(_fill(y_present, out[len(carries) :]), y_spec)
+    return carry, ys
+
+
+def _install_onnx_hooks_if_exporting() -> None:
+    if torch.onnx.is_in_onnx_export():
+        from torchscan import _torch_onnx_hook
+
+        _torch_onnx_hook.install_onnx_hooks()

@@ -92,14 +92,34 @@ class Outputs:
 
     def empty(self, fake_y: Any, axis: int) -> Any:
         """``ys`` of zero steps: every tensor of ``fake_y`` with a 0-length axis inserted."""
+        leaves = _pytree.tree_leaves(fake_y)
+        data_dependent = [
+            i
+            for i, leaf in enumerate(leaves)
+            if leaf is not None and not all(isinstance(d, int) for d in leaf.shape)
+        ]
+        if data_dependent:
+            names = _pytree.leaf_names(fake_y, "y")
+            raise ValueError(
+                f"{self.api}: no step runs, and the shape of "
+                f"{', '.join(names[i] for i in data_dependent)} depends on data, so ys cannot "
+                "be made empty with the right shape."
+            )
         return _pytree.tree_map(lambda t: t if t is None else _empty_stack(t, axis), fake_y)
 
     def call_on_fake(self, why: str, fn: Callable, *args: Any) -> Any:
         """Call ``fn(*args)`` on fake tensors (shapes and dtypes, no data) to learn what it
         returns; ``why`` says in errors why it had to be called that way."""
+        from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
         from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        # A shape environment lets values read from data stay symbolic, and torch.export's
+        # indexing rules turn ``x[i]`` with a 0-d tensor ``i`` into a select at such a value.
+        fake_mode = FakeTensorMode(
+            allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True
+        )
+        with torch.no_grad(), fake_mode as mode, _NonStrictTorchFunctionHandler():
             fake_args = _pytree.tree_map(
                 lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args
             )

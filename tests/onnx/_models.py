@@ -28,10 +28,14 @@ class Case:
     make: Callable[[], torch.nn.Module]
     inputs: Callable[[int], tuple[torch.Tensor, ...]]
     dynamic_shapes: Callable[[], object]
-    scans: int = 1
-    axis0_forward: bool = True  # what onnx.reference can run
+    ops: dict[str, int] = dataclasses.field(default_factory=lambda: {"Scan": 1})
+    """How many nodes of each loop operator the model has, bodies included."""
+    reference: bool = True
+    """Whether onnx.reference can run it (Scan on axis 0, forward only)."""
     export_length: int = 3
     run_lengths: tuple[int, ...] = (1, 6)
+    reference_lengths: tuple[int, ...] | None = None
+    """The run lengths onnx.reference can run, where they differ (see _runtimes.Loop)."""
 
 
 def time_major(*feature_shapes: tuple[int, ...]):
@@ -216,16 +220,16 @@ CASES: dict[str, Case] = {
         lambda: Elman(axis=1),
         lambda t: (randn(B, t, F), randn(B, H)),
         dynamic_time(1, axis=1),
-        axis0_forward=False,
+        reference=False,
     ),
     "reverse": Case(
-        lambda: Elman(reverse=True), time_major((F,)), dynamic_time(1), axis0_forward=False
+        lambda: Elman(reverse=True), time_major((F,)), dynamic_time(1), reference=False
     ),
     "axis-1-reverse": Case(
         lambda: Elman(axis=-1, reverse=True),
         lambda t: (randn(B, F, t), randn(B, H)),
         dynamic_time(1, axis=2),
-        axis0_forward=False,
+        reference=False,
     ),
     "dict-pytrees": Case(DictPytrees, time_major((F,), (1,)), dynamic_time(2)),
     "lstm-namedtuple": Case(LSTMNamedTuple, time_major((F,)), dynamic_time(1)),
@@ -236,6 +240,8 @@ CASES: dict[str, Case] = {
     "captured": Case(CapturedState, time_major((F,)), dynamic_time(1)),
     "integer-carries": Case(IntegerCarries, time_major((F,)), dynamic_time(1)),
     "length-only": Case(LengthOnly, time_major((F,)), lambda: None, run_lengths=()),
-    "nested": Case(Nested, time_major((H,)), dynamic_time(1), scans=2, axis0_forward=False),
-    "two-scans": Case(TwoScans, time_major((1,)), dynamic_time(1), scans=2, axis0_forward=False),
+    "nested": Case(Nested, time_major((H,)), dynamic_time(1), ops={"Scan": 2}, reference=False),
+    "two-scans": Case(
+        TwoScans, time_major((1,)), dynamic_time(1), ops={"Scan": 2}, reference=False
+    ),
 }

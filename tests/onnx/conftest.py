@@ -9,7 +9,10 @@ import onnx
 import pytest
 import torch
 
-from ._models import CASES
+from ._loop_models import CASES as LOOP_CASES
+from ._models import CASES as SCAN_CASES
+
+CASES = {**SCAN_CASES, **{f"loop:{name}": case for name, case in LOOP_CASES.items()}}
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 

@@ -33,7 +33,10 @@ def install() -> None:
     from torchscan import _hops
     from torchscan.onnx import _translate
 
-    translations = {_hops.torchscan_scan: _translate.scan_to_onnx}
+    translations = {
+        _hops.torchscan_scan: _translate.scan_to_onnx,
+        _hops.torchscan_loop: _translate.loop_to_onnx,
+    }
     _registration.ONNXRegistry.get_decomps = _with_translations(
         _registration.ONNXRegistry.get_decomps, translations, _registration.OnnxDecompMeta
     )

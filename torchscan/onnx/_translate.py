@@ -90,3 +90,77 @@ def scan_to_onnx(
     )
     recorder.nodes.append(node)
     return node.outputs
+
+
+def _append(recorder, op_type: str, inputs: Sequence[ir.Value | None], **attributes) -> ir.Value:
+    node = ir.Node(
+        "",
+        op_type,
+        inputs,
+        attributes=[ir.convenience.convert_attribute(k, v) for k, v in attributes.items()],
+        version=recorder.opset.version,
+    )
+    recorder.nodes.append(node)
+    return node.outputs[0]
+
+
+def _int64_scalar(recorder, value: ir.Value | int) -> ir.Value:
+    """The Loop's ``M``: an int64 scalar, whatever form the trip count arrived in."""
+    if isinstance(value, int):
+        return _append(recorder, "Constant", [], value=ir.tensor(value, dtype=ir.DataType.INT64))
+    if value.dtype != ir.DataType.INT64:
+        value = _append(recorder, "Cast", [value], to=ir.DataType.INT64)
+    if value.shape is None or value.shape.rank() != 0:
+        empty = _append(recorder, "Constant", [], value=ir.tensor([], dtype=ir.DataType.INT64))
+        value = _append(recorder, "Reshape", [value, empty])
+    return value
+
+
+def loop_to_onnx(
+    body: ir.Function,
+    trip_count: ir.Value | int | None,
+    cond: ir.Value | None,
+    carries: Sequence[ir.Value],
+    captured: Sequence[ir.Value],
+    has_until: bool,
+) -> Sequence[ir.Value]:
+    """``torchscan_loop`` as one ``Loop`` node.
+
+    The body of the ONNX Loop takes ``(i, cond_in, *carried)`` and returns ``(cond_out,
+    *carried, *scan_outputs)``. With ``until``, ``cond_out`` is ``Not(stop)``, and ``cond`` is
+    given to the node (``true`` when the user gave none) because a Loop without a ``cond`` input
+    ignores ``cond_out``. Without ``until``, ``cond_out`` passes ``cond_in`` on, and the node's
+    inputs keep the operating mode the user chose: ``(M, "")``, ``(M, cond)``.
+    """
+    recorder = _recorder()
+    tag = body.name
+    iteration = ir.Value(name=f"{tag}_i", shape=ir.Shape([]), type=ir.TensorType(ir.DataType.INT64))
+    cond_in = ir.Value(name=f"{tag}_cond", shape=ir.Shape([]), type=ir.TensorType(ir.DataType.BOOL))
+    carried = [_input_like(f"{tag}_state_{i}", c) for i, c in enumerate(carries)]
+    inner = _body_graph(body, [iteration, *carried], list(captured or ()))
+    outputs = list(inner.outputs)
+    if has_until:
+        stop = outputs.pop()
+        cond_out = ir.node("Not", [stop], version=recorder.opset.version)
+    else:
+        cond_out = ir.node("Identity", [cond_in], version=recorder.opset.version)
+    cond_out.outputs[0].name = f"{tag}_cond_out"
+    inner.append(cond_out)
+    inner.inputs.insert(1, cond_in)
+    inner.outputs.clear()
+    inner.outputs.extend([cond_out.outputs[0], *outputs])
+
+    m = None if trip_count is None else _int64_scalar(recorder, trip_count)
+    if cond is None and (has_until or not carries):
+        # A Loop's inputs end with its carried values; with none, cond cannot be left out.
+        cond = _append(recorder, "Constant", [], value=ir.tensor(True))
+    node = ir.Node(
+        "",
+        "Loop",
+        [m, cond, *carries],
+        attributes=[ir.AttrGraph("body", inner)],
+        num_outputs=len(outputs),
+        version=recorder.opset.version,
+    )
+    recorder.nodes.append(node)
+    return node.outputs

@@ -1,0 +1,205 @@
+"""Models that call ``torchscan.loop``, one per feature, with inputs giving several iteration
+counts."""
+
+from __future__ import annotations
+
+import torch
+
+import torchscan
+
+from ._models import B, Case, Dim, F, H, randn
+
+
+def sequence_and_state(t: int) -> tuple[torch.Tensor, ...]:
+    return randn(t, B, F), randn(B, H)
+
+
+def dynamic_first(n: int):
+    return lambda: ({0: Dim("T", min=1)}, *[None] * (n - 1))
+
+
+class ForStatic(torch.nn.Module):
+    """A Python int trip count; the iteration number in the arithmetic."""
+
+    def forward(self, xs, h):
+        def body(i, h):
+            h = torch.tanh(h * 0.5 + i * 0.1)
+            return h, (h, i)
+
+        return torchscan.loop(body, h, trip_count=5)
+
+
+class Cell(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.RNNCell(F, H)
+
+
+class ForSequence(Cell):
+    """The trip count is the length of a sequence, which the body indexes with ``xs[i]``."""
+
+    def forward(self, xs, h):
+        return torchscan.loop(
+            lambda i, h: (self.cell(xs[i], h), self.cell(xs[i], h).sum(-1)),
+            h,
+            trip_count=xs.shape[0],
+        )
+
+
+class ForTensorCount(Cell):
+    """The trip count is a model input (0-d int64), zero included."""
+
+    def forward(self, n, h):
+        return torchscan.loop(lambda i, h: (torch.tanh(h + i), h), h, trip_count=n)
+
+
+def counts(t: int) -> tuple[torch.Tensor, ...]:
+    return torch.tensor(t), randn(B, H)
+
+
+class UntilThreshold(torch.nn.Module):
+    """Do-while: no trip count; stops once the state passes a threshold given as input."""
+
+    def forward(self, threshold, h):
+        def body(i, carry):
+            total = carry + (i + 1).to(carry.dtype)
+            return (
+                total,
+                {"total": total, "i": i, "none": None},
+                torchscan.until(total.sum() > threshold),
+            )
+
+        return torchscan.loop(body, h.abs(), cond=None)
+
+
+def thresholds(t: int) -> tuple[torch.Tensor, ...]:
+    return torch.tensor(float(t * 7)), randn(B, H)
+
+
+class WhileCond(torch.nn.Module):
+    """While: a keep-going flag given as input, and a stop from the data, with a trip cap."""
+
+    def forward(self, flag, threshold, h):
+        def body(i, carry):
+            carry = carry * 1.5 + 1
+            return carry, carry.max(), torchscan.until(carry.max() > threshold)
+
+        return torchscan.loop(body, h.abs(), trip_count=50, cond=flag)
+
+
+def flags(t: int) -> tuple[torch.Tensor, ...]:
+    return torch.tensor(t % 3 != 0), torch.tensor(float(t * 10)), randn(B, H)
+
+
+class ForWithCond(Cell):
+    """For with a flag and no stop: all iterations or none."""
+
+    def forward(self, flag, xs, h):
+        return torchscan.loop(
+            lambda i, h: (self.cell(xs[i], h), h), h, trip_count=xs.shape[0], cond=flag
+        )
+
+
+def flag_and_sequence(t: int) -> tuple[torch.Tensor, ...]:
+    return torch.tensor(t != 6), randn(t, B, F), randn(B, H)
+
+
+class Pytrees(torch.nn.Module):
+    """A dict carry with an integer counter and a boolean, and a pytree y with a None."""
+
+    def forward(self, xs, h):
+        def body(i, carry):
+            h = carry["h"] + xs[i].sum(-1, keepdim=True)
+            positive = (h.sum(-1) > 0) | carry["seen"]
+            new = {"h": h, "count": carry["count"] + positive.long(), "seen": positive}
+            return new, (None, {"h": h, "seen": positive})
+
+        init = {
+            "h": h,
+            "count": torch.zeros(B, dtype=torch.int64),
+            "seen": torch.zeros(B, dtype=torch.bool),
+        }
+        carry, (nothing, ys) = torchscan.loop(body, init, trip_count=xs.shape[0])
+        assert nothing is None
+        return carry["h"], carry["count"], carry["seen"], ys["h"], ys["seen"]
+
+
+class NoCarry(torch.nn.Module):
+    """A map with no carry."""
+
+    def forward(self, xs, h):
+        return torchscan.loop(
+            lambda i, _: (None, torch.relu(xs[i]) + h[:, :1]), None, trip_count=xs.shape[0]
+        )
+
+
+class Captured(torch.nn.Module):
+    """Parameters, a buffer and an outer intermediate read by closure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(F, H)
+        self.register_buffer("decay", torch.full((H,), 0.9))
+
+    def forward(self, xs, h):
+        offset = self.proj.bias * 2
+
+        def body(i, h):
+            h = torch.tanh(self.proj(xs[i]) + h * self.decay + offset)
+            return h, h
+
+        return torchscan.loop(body, h, trip_count=xs.shape[0])
+
+
+class LoopInScan(torch.nn.Module):
+    """A scan whose step runs a loop a data-dependent number of times."""
+
+    def forward(self, xs, h):
+        def step(h, x):
+            def refine(i, h):
+                h = h * 0.5 + x[:, :1]
+                return h, None, torchscan.until(h.abs().sum() < 1.0)
+
+            h, _ = torchscan.loop(refine, h, trip_count=4)
+            return h, h.sum(-1)
+
+        return torchscan.scan(step, h, xs)
+
+
+class ScanInLoop(torch.nn.Module):
+    """A loop whose body scans the whole sequence, forward then, at odd iterations, again."""
+
+    def forward(self, xs, h):
+        def body(i, h):
+            h, ys = torchscan.scan(lambda c, x: (torch.tanh(c + x[:, :1]), c), h, xs)
+            return h * 0.5, ys.sum(0)
+
+        return torchscan.loop(body, h, trip_count=3)
+
+
+# onnx.reference cannot run a Loop that runs no iteration (see _runtimes.Loop): the
+# reference_lengths of a case leave out the inputs that run none.
+CASES: dict[str, Case] = {
+    "for-static": Case(ForStatic, sequence_and_state, lambda: None, {"Loop": 1}, run_lengths=()),
+    "for-sequence": Case(ForSequence, sequence_and_state, dynamic_first(2), {"Loop": 1}),
+    "for-tensor-count": Case(
+        ForTensorCount, counts, lambda: None, {"Loop": 1}, run_lengths=(0, 1, 6),
+        reference_lengths=(1, 6),
+    ),
+    "until-do-while": Case(
+        UntilThreshold, thresholds, lambda: None, {"Loop": 1}, run_lengths=(0, 1, 6)
+    ),
+    "while-cond": Case(
+        WhileCond, flags, lambda: None, {"Loop": 1}, run_lengths=(0, 1, 5), reference_lengths=(1, 5)
+    ),
+    "for-with-cond": Case(
+        ForWithCond, flag_and_sequence, lambda: (None, {0: Dim("T", min=1)}, None), {"Loop": 1},
+        run_lengths=(1, 6),
+        reference_lengths=(1,),
+    ),
+    "pytrees": Case(Pytrees, sequence_and_state, dynamic_first(2), {"Loop": 1}),
+    "no-carry": Case(NoCarry, sequence_and_state, dynamic_first(2), {"Loop": 1}),
+    "captured": Case(Captured, sequence_and_state, dynamic_first(2), {"Loop": 1}),
+    "loop-in-scan": Case(LoopInScan, sequence_and_state, dynamic_first(2), {"Scan": 1, "Loop": 1}),
+    "scan-in-loop": Case(ScanInLoop, sequence_and_state, dynamic_first(2), {"Scan": 1, "Loop": 1}),
+}  # fmt: skip

@@ -1,0 +1,41 @@
+"""``torch.onnx.export`` of models that call ``torchscan.loop``, at every opset.
+
+Each model is exported once per opset (see conftest) and checked for structure, against
+``onnx.checker``, and against eager PyTorch in onnxruntime and onnx's reference evaluator on
+inputs that run different numbers of iterations.
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from ._loop_models import CASES
+from ._roundtrip import check_onnxruntime, check_reference, check_structure
+
+OPSETS = [18, 19, 21, 23, 24, 25]
+NAMES = list(CASES)
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", NAMES)
+def test_each_loop_is_one_loop_node(exported, name: str, opset: int) -> None:
+    check_structure(exported(f"loop:{name}", opset), CASES[name], opset)
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", NAMES)
+def test_checker_accepts(exported, name: str, opset: int) -> None:
+    onnx.checker.check_model(exported(f"loop:{name}", opset), full_check=True)
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", NAMES)
+def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> None:
+    check_onnxruntime(exported(f"loop:{name}", opset), models(f"loop:{name}"), CASES[name])
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].reference])
+def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
+    check_reference(exported(f"loop:{name}", opset), models(f"loop:{name}"), CASES[name])
