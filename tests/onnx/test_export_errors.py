@@ -218,3 +218,24 @@ def test_hand_built_loops_are_checked_against_their_version(op: str, elem_type: 
         f"element type {name}, which {op}-"
     )
     assert f"the first opset that allows it is {first}." in str(info.value)
+
+
+class LoopIdentity(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, xs, h):
+        carry, ys = torchscan.loop(lambda i, c: (c, c), h.to(self.dtype), trip_count=3)
+        return carry.float(), ys.float()
+
+
+def test_loop_element_types_are_checked_too() -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export(LoopIdentity(torch.bfloat16), 13)
+    assert str(info.value) == (
+        "torchscan: the Loop node 'node_torchscan_loop__1' has initial carried value 0, tensor "
+        "'_to_copy', of element type bfloat16, which Loop-13 (the version in force at opset 13) "
+        "does not allow; the first opset that allows it is 16. To export it, export with "
+        "opset_version=16 or newer, or cast it to a type that opset 13 allows."
+    )

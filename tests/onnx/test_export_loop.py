@@ -7,11 +7,17 @@ inputs that run different numbers of iterations.
 
 from __future__ import annotations
 
+import warnings
+
 import onnx
 import pytest
+import torch
+
+import torchscan
 
 from ._loop_models import CASES
 from ._roundtrip import check_onnxruntime, check_reference, check_structure
+from ._runtimes import nodes
 
 OPSETS = [18, 19, 21, 23, 24, 25]
 NAMES = list(CASES)
@@ -39,3 +45,28 @@ def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> No
 @pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].reference])
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
     check_reference(exported(f"loop:{name}", opset), models(f"loop:{name}"), CASES[name])
+
+
+class Repeat(torch.nn.Module):
+    def __init__(self, trips: int) -> None:
+        super().__init__()
+        self.trips = trips
+        self.cell = torch.nn.RNNCell(3, 3)
+
+    def forward(self, h):
+        return torchscan.loop(lambda i, h: (self.cell(h, h), h), h, trip_count=self.trips)
+
+
+@pytest.mark.parametrize("opset", [18, 25])
+def test_graph_does_not_grow_with_the_trip_count(opset: int) -> None:
+    sizes, counts = [], []
+    for trips in (2, 40):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proto = torch.onnx.export(
+                Repeat(trips).eval(), (torch.zeros(1, 3),), opset_version=opset, verbose=False
+            ).model_proto
+        counts.append(sum(1 for _ in nodes(proto.graph)))
+        sizes.append(proto.ByteSize())
+    assert counts[0] == counts[1]
+    assert abs(sizes[0] - sizes[1]) < 16
