@@ -9,14 +9,17 @@ import torch.utils._pytree as pytree
 
 
 def scan_loop(fn, init, xs=None, *, length=None, axis=0, reverse=False) -> tuple[Any, Any]:
-    """``scan`` as the hand-written loop: index every leaf with ``select``, stack at the end."""
+    """``scan`` as the hand-written loop: index every leaf with ``select``, stack at the end;
+    a step that returns ``until(stop)`` with a true ``stop`` is the last."""
     leaves = [leaf for leaf in pytree.tree_leaves(xs) if leaf is not None]
     n = leaves[0].shape[axis] if leaves else length
-    carry, ys = init, [None] * n
+    carry, ys = init, {}
     for t in reversed(range(n)) if reverse else range(n):
         x = pytree.tree_map(lambda leaf, t=t: None if leaf is None else leaf.select(axis, t), xs)
-        carry, ys[t] = fn(carry, x)
-    return carry, stack_trees(ys, axis)
+        carry, ys[t], *stop = fn(carry, x)
+        if stop and bool(stop[0].stop):
+            break
+    return carry, stack_trees([ys[t] for t in sorted(ys)], axis)
 
 
 def stack_trees(trees: list[Any], axis: int) -> Any:

@@ -386,3 +386,57 @@ def test_torch_compile_gives_the_same_results(backend: str) -> None:
     model.zero_grad()
     expected[1].sum().backward()
     torch.testing.assert_close(compiled_grad, model.cell.weight_hh.grad)
+
+
+# -- until -------------------------------------------------------------------------------------
+
+
+def stop_when_total_exceeds(limit: float):
+    def fn(total, x):
+        total = total + x
+        return total, {"total": total, "x": x}, torchscan.until(total.sum() > limit)
+
+    return fn
+
+
+@pytest.mark.parametrize("limit", [-1.0, 3.0, 1e9], ids=["first step", "middle", "never"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_until_ends_the_scan_after_the_step_that_stops(limit, reverse, axis) -> None:
+    xs = move_time_axis(torch.rand(6, 2, dtype=torch.float64), axis)
+    init = torch.zeros(2, dtype=torch.float64)
+    fn = stop_when_total_exceeds(limit)
+    actual = torchscan.scan(fn, init, xs, axis=axis, reverse=reverse)
+    assert_trees_equal(actual, scan_loop(fn, init, xs, axis=axis, reverse=reverse))
+
+
+def test_until_keeps_ys_aligned_with_the_xs_they_consumed() -> None:
+    xs = torch.arange(1.0, 7.0)
+    fn = lambda c, x: (c + x, x, torchscan.until(c + x > 10))  # noqa: E731
+    _, forward = torchscan.scan(fn, torch.tensor(0.0), xs)
+    _, backward = torchscan.scan(fn, torch.tensor(0.0), xs, reverse=True)
+    assert forward.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert backward.tolist() == [5.0, 6.0]  # 6 then 5 ran, and 6 + 5 > 10
+
+
+def test_until_with_zero_length_uses_fake_tensors() -> None:
+    fn = stop_when_total_exceeds(1.0)
+    _, ys = torchscan.scan(fn, torch.zeros(3), torch.empty(0, 3))
+    assert ys["total"].shape == (0, 3)
+    assert ys["x"].shape == (0, 3)
+
+
+def test_gradients_through_until_equal_python_loop() -> None:
+    weight = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    xs = torch.rand(8, dtype=torch.float64, requires_grad=True)
+
+    def fn(c, x):
+        c = c * weight + x
+        return c, c * c, torchscan.until(c > 1.5)
+
+    def grads(implementation):
+        carry, ys = implementation(fn, torch.tensor(0.0, dtype=torch.float64), xs)
+        return torch.autograd.grad(carry + ys.sum(), [weight, xs])
+
+    for actual, expected in zip(grads(torchscan.scan), grads(scan_loop), strict=True):
+        torch.testing.assert_close(actual, expected)

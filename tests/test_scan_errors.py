@@ -197,15 +197,17 @@ def test_carry_changes_in_a_later_step() -> None:
     ("result", "description"),
     [
         (lambda c: c, "float32[2] on cpu"),
-        (lambda c: (c, c, c), "a tuple of length 3"),
+        (lambda c: (c, c, c), "a tuple whose last item is float32[2] on cpu"),
+        (lambda c: (c,), "a tuple of length 1"),
         (lambda c: [c, c], "a list"),
     ],
-    ids=["tensor", "triple", "list"],
+    ids=["tensor", "triple", "single", "list"],
 )
 def test_fn_does_not_return_a_pair(result, description: str) -> None:
     with errors(
         TypeError,
-        f"torchscan.scan: fn must return a pair (carry, y), but it returned {description}.",
+        "torchscan.scan: fn must return (carry, y) or (carry, y, torchscan.until(stop)), but it "
+        f"returned {description}.",
     ):
         torchscan.scan(lambda c, x: result(c), torch.ones(2), torch.ones(3))
 
@@ -213,7 +215,8 @@ def test_fn_does_not_return_a_pair(result, description: str) -> None:
 def test_fn_stops_returning_a_pair_in_a_later_step() -> None:
     with errors(
         TypeError,
-        "torchscan.scan: fn must return a pair (carry, y), but it returned a tuple of length 3.",
+        "torchscan.scan: fn must return (carry, y) or (carry, y, torchscan.until(stop)), but it "
+        "returned a tuple whose last item is float32[] on cpu.",
     ):
         torchscan.scan(
             lambda c, x: (c, x) if x.item() < 1 else (c, x, x), torch.ones(2), torch.arange(3.0)
@@ -336,3 +339,26 @@ def test_user_errors_inside_fn_propagate_unchanged() -> None:
 
     with pytest.raises(KeyError, match="from fn"):
         torchscan.scan(broken, None, torch.ones(3))
+
+
+def test_until_needs_a_0d_bool_tensor() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: until(stop) needs stop to be a 0-d bool tensor, but fn returned "
+        "float32[] on cpu in step 0.",
+    ):
+        torchscan.scan(lambda c, x: (c, x, torchscan.until(x)), None, torch.arange(3.0))
+
+
+def test_until_at_every_step_or_none() -> None:
+    def fn(c, x):
+        if x.item() < 1:
+            return c, x, torchscan.until(x > 5)
+        return c, x
+
+    with errors(
+        TypeError,
+        "torchscan.scan: fn must return torchscan.until(stop) at every step or at none, but it "
+        "returned no until in a later step.",
+    ):
+        torchscan.scan(fn, None, torch.arange(3.0))

@@ -2,10 +2,10 @@
 
 from torchscan import _torch_onnx_hook
 from torchscan._checks import ExportError as ExportError
-from torchscan._loop import Until as Until
 from torchscan._loop import loop as loop
-from torchscan._loop import until as until
 from torchscan._scan import scan as scan
+from torchscan._steps import Until as Until
+from torchscan._steps import until as until
 
 __all__ = ["ExportError", "Until", "loop", "scan", "until"]
 __version__ = "0.1.0"

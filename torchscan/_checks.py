@@ -161,12 +161,6 @@ def check_same_device(api: str, trees: Sequence[tuple[str, Any, Sequence[Any]]])
     )
 
 
-def check_pair(api: str, fn_name: str, out: Any, what: str = "(carry, y)") -> None:
-    if not (isinstance(out, tuple) and len(out) == 2):
-        got = f"a tuple of length {len(out)}" if isinstance(out, tuple) else describe(out)
-        raise TypeError(f"{api}: {fn_name} must return a pair {what}, but it returned {got}.")
-
-
 class CarryType:
     """The structure, shapes, dtypes and devices of ``init``, which every carry must keep."""
 

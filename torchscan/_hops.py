@@ -343,12 +343,60 @@ def _refuse_mutation(gm: torch.fx.GraphModule, n_carries: int, n_sequences: int)
         )
 
 
-# -- from pytrees to the operator --------------------------------------------------------------
+# -- from pytrees to the operators -------------------------------------------------------------
+
+
+class _FlatStep:
+    """A step function seen through flat tensors, as the operators call it.
+
+    Pytrees become flat lists of tensors, ``None`` leaves (which an operator's tensors cannot
+    hold) are dropped on the way in and put back on the way out, and ``until`` becomes a last
+    output. What the step returns (its ``y`` structure, whether it stops) is learned the first
+    time it runs.
+    """
+
+    def __init__(self, protocol: Any, carry_type: _checks.CarryType, never_ends: str = "") -> None:
+        self.protocol, self.carry_type, self.never_ends = protocol, carry_type, never_ends
+        self.present = [leaf is not None for leaf in carry_type.leaves]
+        self.carries = [leaf for leaf in carry_type.leaves if leaf is not None]
+        self.y_spec: Any = None
+        self.y_present: list[bool] = []
+        self.has_until = False
+
+    def carry(self, leaves: Sequence[Any]) -> Any:
+        return _pytree.tree_unflatten(_fill(self.present, leaves), self.carry_type.spec)
+
+    def flatten(self, out: Any) -> tuple[Any, ...]:
+        """The flat outputs of one step: new carries, ``y`` leaves, and the stop flag."""
+        self.has_until = self.protocol.has_until(out)
+        if self.never_ends and not self.has_until:
+            raise ValueError(self.never_ends)
+        self.carry_type.check(out[0], "")
+        y_leaves, self.y_spec = _pytree.tree_flatten(out[1])
+        _checks.check_tensor_leaves(self.protocol.api, "y", out[1], y_leaves)
+        self.y_present = [leaf is not None for leaf in y_leaves]
+        stop = [self.protocol.check_stop(out[2].stop, 0)] if self.has_until else []
+        return (
+            *[leaf for leaf in _pytree.tree_leaves(out[0]) if leaf is not None],
+            *[leaf for leaf in y_leaves if leaf is not None],
+            *stop,
+        )
+
+    def probe(self, step: Callable, *args: Any) -> None:
+        """Run ``step`` once on fake copies of ``args``, outside the trace, to learn what it
+        returns: whether it stops decides which operator it becomes."""
+        with disable_proxy_modes_tracing(), _ignore_fresh_unbacked_symbols(), _export_indexing():
+            step(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+
+    def unflatten(self, out: Sequence[Any]) -> tuple[Any, Any]:
+        n = len(self.carries)
+        ys = _pytree.tree_unflatten(_fill(self.y_present, out[n:]), self.y_spec)
+        return self.carry(out[:n]), ys
 
 
 def traced_scan(
     fn: Callable,
-    init: Any,
+    carry_type: _checks.CarryType,
     xs_leaves: list,
     xs_spec: Any,
     axes: list,
@@ -356,45 +404,63 @@ def traced_scan(
     axis: int,
     reverse: bool,
 ) -> tuple[Any, Any]:
-    """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors.
+    """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors, or, when
+    ``fn`` returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early)."""
+    from torchscan._scan import _PROTOCOL
 
-    ``None`` leaves exist in pytrees but not among an operator's tensors, so they are dropped on
-    the way in and put back on the way out.
-    """
     _install_onnx_hooks_if_exporting()
-    carry_type = _checks.CarryType("torchscan.scan", "fn", init)
-    carry_leaves, carry_spec = carry_type.leaves, carry_type.spec
-    carry_present = [leaf is not None for leaf in carry_leaves]
+    flat = _FlatStep(_PROTOCOL, carry_type)
     x_present = [leaf is not None for leaf in xs_leaves]
-    carries = [leaf for leaf in carry_leaves if leaf is not None]
     xs = [leaf for leaf in xs_leaves if leaf is not None]
     in_axes = [a for a, present in zip(axes, x_present, strict=True) if present]
+
+    def x_of(slices: Sequence[Any]) -> Any:
+        return _pytree.tree_unflatten(_fill(x_present, slices), xs_spec)
+
+    def step(*args):
+        n = len(flat.carries)
+        return flat.flatten(fn(flat.carry(args[:n]), x_of(args[n : n + len(xs)])))
+
+    flat.probe(step, *flat.carries, *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)])
+    if flat.has_until:
+        return _scan_as_loop(fn, flat, xs, in_axes, x_of, length, axis, reverse)
     if not xs:
         # A Scan needs a sequence to count its steps: an empty one, (length, 0), costs nothing.
-        xs, in_axes = [torch.empty(length, 0)], [0]
-    y_layout: list = []
-
-    def body(*args):
-        carry = _pytree.tree_unflatten(_fill(carry_present, args[: len(carries)]), carry_spec)
-        x_args = args[len(carries) : len(carries) + len(xs)][: sum(x_present)]
-        x = _pytree.tree_unflatten(_fill(x_present, x_args), xs_spec)
-        out = fn(carry, x)
-        _checks.check_pair("torchscan.scan", "fn", out)
-        new_carry, y = out
-        carry_type.check(new_carry, "")
-        y_leaves, y_spec = _pytree.tree_flatten(y)
-        _checks.check_tensor_leaves("torchscan.scan", "y", y, y_leaves)
-        y_layout[:] = [y_spec, [leaf is not None for leaf in y_leaves]]
-        new_leaves = _pytree.tree_leaves(new_carry)
-        return (
-            *[leaf for leaf in new_leaves if leaf is not None],
-            *[leaf for leaf in y_leaves if leaf is not None],
+        out = torchscan_scan(
+            lambda *args: step(*args[: len(flat.carries)]),
+            flat.carries,
+            [torch.empty(length, 0)],
+            (),
+            [0],
+            (reverse,),
+            (axis,),
+            (reverse,),
         )
+    else:
+        out = torchscan_scan(
+            step, flat.carries, xs, (), in_axes, (reverse,) * len(xs), (axis,), (reverse,)
+        )
+    return flat.unflatten(out)
 
-    out = torchscan_scan(body, carries, xs, (), in_axes, (reverse,) * len(xs), (axis,), (reverse,))
-    y_spec, y_present = y_layout
-    carry = _pytree.tree_unflatten(_fill(carry_present, out[: len(carries)]), carry_spec)
-    ys = _pytree.tree_unflatten(_fill(y_present, out[len(carries) :]), y_spec)
+
+def _scan_as_loop(fn, flat, xs, in_axes, x_of, length, axis, reverse) -> tuple[Any, Any]:
+    """A scan that stops early, as a loop over the sequence positions it reads with ``i``."""
+
+    def step(i, *args):
+        t = length - 1 - i if reverse else i
+        slices = [
+            torch.index_select(x, a, t.reshape(1)).squeeze(a)
+            for x, a in zip(xs, in_axes, strict=True)
+        ]
+        return flat.flatten(fn(flat.carry(args), x_of(slices)))
+
+    out = torchscan_loop(step, length, None, flat.carries, (), True)
+    carry, ys = flat.unflatten(out)
+    # The loop stacks in the order the steps ran, on axis 0.
+    ys = _pytree.tree_map(
+        lambda y: None if y is None else (y.flip(0) if reverse else y).movedim(0, axis % y.ndim),
+        ys,
+    )
     return carry, ys
 
 
@@ -509,40 +575,22 @@ def traced_loop(
     body: Callable, carry_type: _checks.CarryType, trip_count: Any, cond: Any
 ) -> tuple[Any, Any]:
     """``loop`` under ``torch.export``: one ``torchscan_loop`` call on the flat tensors."""
-    from torchscan._loop import _check_result, _check_stop
+    from torchscan._loop import _NEVER_ENDS, _PROTOCOL
 
     _install_onnx_hooks_if_exporting()
-    present = [leaf is not None for leaf in carry_type.leaves]
-    carries = [leaf for leaf in carry_type.leaves if leaf is not None]
-    layout: list = []
+    flat = _FlatStep(_PROTOCOL, carry_type, _NEVER_ENDS if trip_count is None else "")
 
-    def flat_body(i, *args):
-        carry = _pytree.tree_unflatten(_fill(present, args[: len(carries)]), carry_type.spec)
-        out = body(i, carry)
-        has_until = _check_result(out, needs_until=trip_count is None)
-        carry_type.check(out[0], "")
-        y_leaves, y_spec = _pytree.tree_flatten(out[1])
-        _checks.check_tensor_leaves("torchscan.loop", "y", out[1], y_leaves)
-        layout[:] = [y_spec, [leaf is not None for leaf in y_leaves], has_until]
-        stop = [_check_stop(out[2].stop, 0)] if has_until else []
-        return (
-            *[leaf for leaf in _pytree.tree_leaves(out[0]) if leaf is not None],
-            *[leaf for leaf in y_leaves if leaf is not None],
-            *stop,
-        )
+    def step(i, *args):
+        return flat.flatten(body(i, flat.carry(args)))
 
+    reference = next(iter(flat.carries), None)
+    with disable_proxy_modes_tracing():
+        i = torch.zeros((), dtype=torch.int64, device=getattr(reference, "device", None))
+    flat.probe(step, i, *flat.carries)
     if isinstance(cond, bool):
         cond = torch.tensor(cond)
-    # Whether body returns until is only known once it has run: trace it on fake tensors first.
-    with disable_proxy_modes_tracing(), _ignore_fresh_unbacked_symbols():
-        i = torch.zeros((), dtype=torch.int64)
-        flat_body(i, *[c.clone() for c in carries])
-    has_until = layout[2]
-    out = torchscan_loop(flat_body, trip_count, cond, carries, (), has_until)
-    y_spec, y_present, _ = layout
-    carry = _pytree.tree_unflatten(_fill(present, out[: len(carries)]), carry_type.spec)
-    ys = _pytree.tree_unflatten(_fill(y_present, out[len(carries) :]), y_spec)
-    return carry, ys
+    out = torchscan_loop(step, trip_count, cond, flat.carries, (), flat.has_until)
+    return flat.unflatten(out)
 
 
 def _install_onnx_hooks_if_exporting() -> None:

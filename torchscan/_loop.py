@@ -2,37 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
 
-from torchscan import _checks, _outputs
+from torchscan import _checks, _outputs, _steps
+from torchscan._steps import Until
 
 Carry = TypeVar("Carry")
 Y = Any
 
 _API = "torchscan.loop"
 _OUTPUTS = _outputs.Outputs(_API, "body", "iteration")
-
-
-@dataclasses.dataclass(frozen=True)
-class Until:
-    """The stop flag a loop body returns last: see :func:`until`."""
-
-    stop: Any
-
-
-def until(stop: torch.Tensor) -> Until:
-    """Mark ``stop`` as the flag that ends a loop after the current iteration.
-
-    A ``loop`` body returns ``(carry, y, torchscan.until(stop))``: when ``stop`` (a 0-d bool
-    tensor) is true, the iteration that computed it is the last one, and its carry and ``y`` are
-    kept. Exported, ``until(stop)`` becomes the condition output of the ONNX ``Loop`` body,
-    ``Not(stop)``.
-    """
-    return Until(stop)
+_PROTOCOL = _steps.Protocol(_OUTPUTS, "iteration")
+_NEVER_ENDS = (
+    f"{_API}: trip_count is None and body does not return torchscan.until(stop), so the loop "
+    "could never end. Pass trip_count=<the most iterations>, or return "
+    "(carry, y, torchscan.until(stop)) from body."
+)
 
 
 def loop(
@@ -126,7 +114,14 @@ def loop(
     if trips == 0 or (cond is not None and not bool(cond)):
         return init, _empty_ys(body, carry_type, trip_count)
     device = _device([*carry_type.leaves, trip_count, cond])
-    return _run(body, carry_type, _counter(trips, device), needs_until=trips is None)
+    carry, ys = _PROTOCOL.run(
+        lambda carry, i: body(i, carry),
+        _counter(trips, device),
+        carry_type,
+        0,
+        refuse_without_until=_NEVER_ENDS if trips is None else None,
+    )
+    return carry, _OUTPUTS.stack(ys, 0)
 
 
 def _check_trip_count(trip_count: Any) -> int | torch.Tensor | None:
@@ -177,94 +172,18 @@ def _counter(trips: int | None, device: torch.device) -> Iterator[torch.Tensor]:
         start, size = start + size, min(size * 2, 4096)
 
 
-def _run(
-    body: Callable,
-    carry_type: _checks.CarryType,
-    counter: Iterator[torch.Tensor],
-    needs_until: bool,
-) -> tuple[Any, Any]:
-    # The first iteration is checked in full; later ones only where data-dependent Python in
-    # body could make them differ, which the final carry check and the stacking of ys catch.
-    out = body(next(counter), carry_type.init)
-    has_until = _check_result(out, needs_until)
-    carry, y = out[0], out[1]
-    carry_type.check(carry, " in its first iteration")
-    _OUTPUTS.check_first(y, 0)
-    ys = [y]
-    append = ys.append
-    if not has_until:
-        for i in counter:
-            out = body(i, carry)
-            try:
-                carry, y = out
-            except (TypeError, ValueError):
-                _check_result(out, needs_until, expect_until=False)
-                raise
-            append(y)
-    elif not _stops(out[2], 0):
-        for i in counter:
-            out = body(i, carry)
-            try:
-                carry, y, flag = out
-            except (TypeError, ValueError):
-                _check_result(out, needs_until, expect_until=True)
-                raise
-            append(y)
-            if _stops(flag, len(ys) - 1):
-                break
-    carry_type.check(carry, " in a later iteration")
-    return carry, _OUTPUTS.stack(ys, 0)
-
-
-def _check_result(out: Any, needs_until: bool, expect_until: bool | None = None) -> bool:
-    """Check the shape of what ``body`` returned; whether it returned ``until``."""
-    shape_ok = isinstance(out, tuple) and (
-        len(out) == 2 or (len(out) == 3 and isinstance(out[2], Until))
-    )
-    if not shape_ok:
-        got = f"a tuple of length {len(out)}" if isinstance(out, tuple) else None
-        if isinstance(out, tuple) and len(out) == 3:
-            got = f"a tuple whose last item is {_checks.describe(out[2])}"
-        raise TypeError(
-            f"{_API}: body must return (carry, y) or (carry, y, torchscan.until(stop)), but it "
-            f"returned {got or _checks.describe(out)}."
-        )
-    has_until = len(out) == 3
-    if expect_until is not None and has_until != expect_until:
-        raise TypeError(
-            f"{_API}: body must return torchscan.until(stop) at every iteration or at none, but "
-            f"it returned {'it only in a later' if has_until else 'no until in a later'} "
-            "iteration."
-        )
-    if needs_until and not has_until:
-        raise ValueError(
-            f"{_API}: trip_count is None and body does not return torchscan.until(stop), so the "
-            "loop could never end. Pass trip_count=<the most iterations>, or return "
-            "(carry, y, torchscan.until(stop)) from body."
-        )
-    return has_until
-
-
-def _stops(flag: Until, iteration: int) -> bool:
-    return bool(_check_stop(flag.stop, iteration))
-
-
-def _check_stop(stop: Any, iteration: int) -> torch.Tensor:
-    if not (isinstance(stop, torch.Tensor) and stop.ndim == 0 and stop.dtype == torch.bool):
-        raise TypeError(
-            f"{_API}: until(stop) needs stop to be a 0-d bool tensor, but body returned "
-            f"{_checks.describe(stop)} in iteration {iteration}."
-        )
-    return stop
-
-
 def _empty_ys(body: Callable, carry_type: _checks.CarryType, trip_count: Any) -> Any:
     """``ys`` of a loop that runs no iteration, with the shapes ``body`` would give them."""
     i = torch.zeros((), dtype=torch.int64, device=_device(carry_type.leaves))
     out = _OUTPUTS.call_on_fake("no iteration runs", body, i, carry_type.init)
-    has_until = _check_result(out, needs_until=trip_count is None)
-    if has_until:
-        _check_stop(out[2].stop, 0)
-    carry_type.check(out[0], "")
-    _OUTPUTS.check_first(out[1], 0)
-    return _OUTPUTS.empty(out[1], 0)
+    if trip_count is None and not _PROTOCOL.has_until(out):
+        raise ValueError(_NEVER_ENDS)
+    return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, carry_type, 0), 0)
+
+
+def check_result(out: Any, needs_until: bool) -> bool:
+    """Whether ``out``, returned by a body being traced, ends with ``until``."""
+    has_until = _PROTOCOL.has_until(out)
+    if needs_until and not has_until:
+        raise ValueError(_NEVER_ENDS)
+    return has_until

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from torchscan import _checks, _outputs, _pytree
+from torchscan import _checks, _outputs, _pytree, _steps
 
 Carry = TypeVar("Carry")
 X = Any
@@ -16,6 +16,7 @@ Y = Any
 
 _API = "torchscan.scan"
 _OUTPUTS = _outputs.Outputs(_API, "fn", "xs index")
+_PROTOCOL = _steps.Protocol(_OUTPUTS, "step")
 
 
 def scan(
@@ -97,12 +98,12 @@ def scan(
         from torchscan import _hops
 
         return _hops.traced_scan(
-            fn, init, plan.xs_leaves, plan.xs_spec, plan.axes, plan.length, axis, reverse
+            fn, plan.carry_type, plan.xs_leaves, plan.xs_spec, plan.axes, plan.length, axis, reverse
         )
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
-    steps = _steps(plan)
-    carry, ys = _run(fn, plan.carry_type, reversed(steps) if reverse else steps, axis)
+    steps = _slices(plan)
+    carry, ys = _PROTOCOL.run(fn, reversed(steps) if reverse else steps, plan.carry_type, axis)
     if reverse:
         ys.reverse()
     return carry, _OUTPUTS.stack(ys, axis)
@@ -131,7 +132,7 @@ def _plan(init: Any, xs: Any, length: Any, axis: Any) -> _Plan:
     return _Plan(carry_type, xs_leaves, xs_spec, axes, n)
 
 
-def _steps(plan: _Plan) -> Sequence[Any]:
+def _slices(plan: _Plan) -> Sequence[Any]:
     """The ``x`` of every step, as views into ``xs`` (``unbind`` gives all of them at once, and
     its backward is one ``stack`` instead of one scatter per step)."""
     columns = [
@@ -141,31 +142,6 @@ def _steps(plan: _Plan) -> Sequence[Any]:
     if _pytree.is_leaf_spec(plan.xs_spec):
         return columns[0]
     return [_pytree.tree_unflatten(list(step), plan.xs_spec) for step in zip(*columns, strict=True)]
-
-
-def _run(
-    fn: Callable, carry_type: _checks.CarryType, steps: Any, axis: int
-) -> tuple[Any, list[Any]]:
-    # The first step is checked in full; later steps can only differ from it through
-    # data-dependent Python in fn, which the final carry check and the stacking of ys catch.
-    steps = iter(steps)
-    out = fn(carry_type.init, next(steps))
-    _checks.check_pair(_API, "fn", out)
-    carry, y = out
-    carry_type.check(carry, " in its first step")
-    _OUTPUTS.check_first(y, axis)
-    ys = [y]
-    append = ys.append
-    for x in steps:
-        out = fn(carry, x)
-        try:
-            carry, y = out
-        except (TypeError, ValueError):
-            _checks.check_pair(_API, "fn", out)
-            raise
-        append(y)
-    carry_type.check(carry, " in a later step")
-    return carry, ys
 
 
 def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: int) -> Any:
@@ -178,11 +154,7 @@ def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: int) -> Any:
         plan.xs_spec,
     )
     out = _OUTPUTS.call_on_fake("xs has length 0", fn, init, fake_x)
-    _checks.check_pair(_API, "fn", out)
-    carry, y = out
-    plan.carry_type.check(carry, "")
-    _OUTPUTS.check_first(y, axis)
-    return _OUTPUTS.empty(y, axis)
+    return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, plan.carry_type, axis), axis)
 
 
 def _without_axis(leaf: torch.Tensor, axis: int) -> torch.Tensor:

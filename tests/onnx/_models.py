@@ -214,6 +214,24 @@ class TwoScans(torch.nn.Module):
         return last, zs
 
 
+class UntilScan(torch.nn.Module):
+    """A scan that stops once the state passes a threshold: a Loop over the sequence."""
+
+    def __init__(self, axis: int = 0, reverse: bool = False) -> None:
+        super().__init__()
+        self.cell = torch.nn.RNNCell(F, H)
+        self.axis, self.reverse = axis, reverse
+
+    def forward(self, xs, h):
+        def step(h, x):
+            h = self.cell(x, h)
+            return h, (h, None), torchscan.until(h.sum() > 1.0)
+
+        h, (hs, nothing) = torchscan.scan(step, h, xs, axis=self.axis, reverse=self.reverse)
+        assert nothing is None
+        return h, hs
+
+
 CASES: dict[str, Case] = {
     "elman": Case(Elman, time_major((F,)), dynamic_time(1)),
     "axis1": Case(
@@ -241,6 +259,13 @@ CASES: dict[str, Case] = {
     "integer-carries": Case(IntegerCarries, time_major((F,)), dynamic_time(1)),
     "length-only": Case(LengthOnly, time_major((F,)), lambda: None, run_lengths=()),
     "nested": Case(Nested, time_major((H,)), dynamic_time(1), ops={"Scan": 2}, reference=False),
+    "until": Case(UntilScan, time_major((F,)), dynamic_time(1), ops={"Loop": 1}),
+    "until-axis1-reverse": Case(
+        lambda: UntilScan(axis=1, reverse=True),
+        lambda t: (randn(B, t, F), randn(B, H)),
+        dynamic_time(1, axis=1),
+        ops={"Loop": 1},
+    ),
     "two-scans": Case(
         TwoScans, time_major((1,)), dynamic_time(1), ops={"Scan": 2}, reference=False
     ),

@@ -14,52 +14,19 @@ import pytest
 import torch
 
 import torchscan
-from torchscan.onnx import scan_version
 
 from ._models import CASES
-from ._runtimes import (
-    assert_outputs_close,
-    eager_outputs,
-    nodes,
-    run_onnxruntime,
-    run_reference,
-)
+from ._roundtrip import check_onnxruntime, check_reference, check_structure
+from ._runtimes import nodes
 
 OPSETS = [18, 19, 21, 23, 24, 25]
 NAMES = list(CASES)
 
 
-def default_opset(model: onnx.ModelProto) -> int:
-    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-
-
 @pytest.mark.parametrize("opset", OPSETS)
 @pytest.mark.parametrize("name", NAMES)
 def test_each_scan_is_one_scan_node(exported, name: str, opset: int) -> None:
-    model = exported(name, opset)
-    assert default_opset(model) == opset
-    op_types = [node.op_type for node, _ in nodes(model.graph)]
-    assert {op: op_types.count(op) for op in ("Scan", "Loop")} == {
-        "Scan": 0,
-        "Loop": 0,
-        **CASES[name].ops,
-    }
-    # Axes and directions are attributes of the Scan: nothing is transposed, flipped or unrolled.
-    assert not {"Transpose", "ReverseSequence"} & set(op_types)
-    version = scan_version(opset)
-    for node, _ in nodes(model.graph):
-        if node.op_type == "Scan":
-            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            assert set(attributes) <= {
-                "body",
-                "num_scan_inputs",
-                "scan_input_axes",
-                "scan_input_directions",
-                "scan_output_axes",
-                "scan_output_directions",
-            }
-            axes = attributes["scan_input_axes"] + attributes["scan_output_axes"]
-            assert version.negative_axes or all(a >= 0 for a in axes)
+    check_structure(exported(name, opset), CASES[name], opset)
 
 
 @pytest.mark.parametrize("opset", OPSETS)
@@ -71,26 +38,14 @@ def test_checker_accepts(exported, name: str, opset: int) -> None:
 @pytest.mark.parametrize("opset", OPSETS)
 @pytest.mark.parametrize("name", NAMES)
 def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> None:
-    case = CASES[name]
-    model = exported(name, opset)
-    for length in case.run_lengths or (case.export_length,):
-        inputs = case.inputs(length)
-        assert_outputs_close(
-            run_onnxruntime(model, inputs), eager_outputs(models(name), inputs), model
-        )
-
-
-REFERENCE_CASES = [name for name in NAMES if CASES[name].reference]
+    check_onnxruntime(exported(name, opset), models(name), CASES[name])
 
 
 @pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", REFERENCE_CASES)
+@pytest.mark.parametrize("name", [name for name in NAMES if CASES[name].reference])
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
     """onnx.reference runs Scan on axis 0, forward only: the other cases are for onnxruntime."""
-    case = CASES[name]
-    model = exported(name, opset)
-    inputs = case.inputs(case.run_lengths[-1] if case.run_lengths else case.export_length)
-    assert_outputs_close(run_reference(model, inputs), eager_outputs(models(name), inputs), model)
+    check_reference(exported(name, opset), models(name), CASES[name])
 
 
 class StaticElman(torch.nn.Module):
