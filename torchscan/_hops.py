@@ -395,27 +395,24 @@ class _FlatStep:
 
 
 def traced_scan(
-    fn: Callable,
-    carry_type: _checks.CarryType,
-    xs_leaves: list,
-    xs_spec: Any,
-    axes: list,
-    length: Any,
-    axis: int,
-    reverse: bool,
+    fn: Callable, plan: Any, axis: int, reverse: bool, reverse_ys: bool
 ) -> tuple[Any, Any]:
     """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors, or, when
-    ``fn`` returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early)."""
+    ``fn`` returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early).
+
+    ``plan`` is the checked description of the call (``torchscan._scan._Plan``); ``reverse``
+    reverses the order of the steps and ``reverse_ys`` the order in which ``ys`` are stacked.
+    """
     from torchscan._scan import _PROTOCOL
 
     _install_onnx_hooks_if_exporting()
-    flat = _FlatStep(_PROTOCOL, carry_type)
-    x_present = [leaf is not None for leaf in xs_leaves]
-    xs = [leaf for leaf in xs_leaves if leaf is not None]
-    in_axes = [a for a, present in zip(axes, x_present, strict=True) if present]
+    flat = _FlatStep(_PROTOCOL, plan.carry_type)
+    x_present = [leaf is not None for leaf in plan.xs_leaves]
+    xs = [leaf for leaf in plan.xs_leaves if leaf is not None]
+    in_axes = [a for a, present in zip(plan.axes, x_present, strict=True) if present]
 
     def x_of(slices: Sequence[Any]) -> Any:
-        return _pytree.tree_unflatten(_fill(x_present, slices), xs_spec)
+        return _pytree.tree_unflatten(_fill(x_present, slices), plan.xs_spec)
 
     def step(*args):
         n = len(flat.carries)
@@ -423,27 +420,26 @@ def traced_scan(
 
     flat.probe(step, *flat.carries, *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)])
     if flat.has_until:
-        return _scan_as_loop(fn, flat, xs, in_axes, x_of, length, axis, reverse)
+        return _scan_as_loop(fn, flat, xs, in_axes, x_of, plan.length, axis, reverse, reverse_ys)
     if not xs:
         # A Scan needs a sequence to count its steps: an empty one, (length, 0), costs nothing.
-        out = torchscan_scan(
-            lambda *args: step(*args[: len(flat.carries)]),
-            flat.carries,
-            [torch.empty(length, 0)],
-            (),
-            [0],
-            (reverse,),
-            (axis,),
-            (reverse,),
-        )
-    else:
-        out = torchscan_scan(
-            step, flat.carries, xs, (), in_axes, (reverse,) * len(xs), (axis,), (reverse,)
-        )
+        xs, in_axes = [torch.empty(plan.length, 0)], [0]
+    out = torchscan_scan(
+        lambda *args: step(*args[: len(flat.carries) + sum(x_present)]),
+        flat.carries,
+        xs,
+        (),
+        in_axes,
+        (reverse,) * len(xs),
+        (axis,),
+        (reverse_ys,),
+    )
     return flat.unflatten(out)
 
 
-def _scan_as_loop(fn, flat, xs, in_axes, x_of, length, axis, reverse) -> tuple[Any, Any]:
+def _scan_as_loop(
+    fn, flat, xs, in_axes, x_of, length, axis, reverse, reverse_ys
+) -> tuple[Any, Any]:
     """A scan that stops early, as a loop over the sequence positions it reads with ``i``."""
 
     def step(i, *args):
@@ -458,7 +454,7 @@ def _scan_as_loop(fn, flat, xs, in_axes, x_of, length, axis, reverse) -> tuple[A
     carry, ys = flat.unflatten(out)
     # The loop stacks in the order the steps ran, on axis 0.
     ys = _pytree.tree_map(
-        lambda y: None if y is None else (y.flip(0) if reverse else y).movedim(0, axis % y.ndim),
+        lambda y: None if y is None else (y.flip(0) if reverse_ys else y).movedim(0, axis % y.ndim),
         ys,
     )
     return carry, ys

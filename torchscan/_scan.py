@@ -91,20 +91,27 @@ def scan(
         >>> torchscan.scan(add, torch.tensor(0.0), torch.arange(4.0))
         (tensor(6.), tensor([0., 1., 3., 6.]))
     """
+    return scan_in_order(fn, init, xs, length=length, axis=axis, reverse=reverse, realign=True)
+
+
+def scan_in_order(
+    fn: Callable, init: Any, xs: Any, *, length: Any, axis: Any, reverse: bool, realign: bool
+) -> tuple[Any, Any]:
+    """``scan``, with a choice the public function does not offer: ``realign=False`` leaves
+    ``ys`` in the order the steps ran when ``reverse`` (Theano's ``go_backwards``), where ``scan``
+    aligns them with ``xs``. Exported, that is ``scan_output_directions`` 0 instead of 1."""
     _checks.check_callable(_API, "fn", fn)
     _checks.refuse_torchscript(_API)
     plan = _plan(init, xs, length, axis)
     if torch.compiler.is_exporting():
         from torchscan import _hops
 
-        return _hops.traced_scan(
-            fn, plan.carry_type, plan.xs_leaves, plan.xs_spec, plan.axes, plan.length, axis, reverse
-        )
+        return _hops.traced_scan(fn, plan, axis, reverse, reverse and realign)
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
     steps = _slices(plan)
     carry, ys = _PROTOCOL.run(fn, reversed(steps) if reverse else steps, plan.carry_type, axis)
-    if reverse:
+    if reverse and realign:
         ys.reverse()
     return carry, _OUTPUTS.stack(ys, axis)
 

@@ -11,8 +11,13 @@ import torch
 
 from ._loop_models import CASES as LOOP_CASES
 from ._models import CASES as SCAN_CASES
+from ._theano_models import CASES as THEANO_CASES
 
-CASES = {**SCAN_CASES, **{f"loop:{name}": case for name, case in LOOP_CASES.items()}}
+CASES = {
+    **SCAN_CASES,
+    **{f"loop:{name}": case for name, case in LOOP_CASES.items()},
+    **{f"theano:{name}": case for name, case in THEANO_CASES.items()},
+}
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
