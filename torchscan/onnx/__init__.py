@@ -5,6 +5,7 @@ needs to turn every ``torchscan.scan`` into one ONNX ``Scan`` node of the versio
 ``v``. This package holds the version table and the pieces torch.onnx calls.
 """
 
+from torchscan.onnx._hoist import hoist_loop_invariants as hoist_loop_invariants
 from torchscan.onnx._opsets import (
     LOOP_VERSIONS as LOOP_VERSIONS,
 )
@@ -20,5 +21,16 @@ from torchscan.onnx._opsets import (
 from torchscan.onnx._opsets import (
     scan_version as scan_version,
 )
+from torchscan.onnx._options import ExportOptions as ExportOptions
+from torchscan.onnx._options import export_options as export_options
 
-__all__ = ["LOOP_VERSIONS", "SCAN_VERSIONS", "OpVersion", "loop_version", "scan_version"]
+__all__ = [
+    "LOOP_VERSIONS",
+    "SCAN_VERSIONS",
+    "ExportOptions",
+    "OpVersion",
+    "export_options",
+    "hoist_loop_invariants",
+    "loop_version",
+    "scan_version",
+]

@@ -18,7 +18,7 @@ from typing import Any
 import onnx_ir as ir
 
 from torchscan import _checks
-from torchscan.onnx import _opsets
+from torchscan.onnx import _hoist, _opsets, _options
 
 _installed = False
 
@@ -79,6 +79,9 @@ class _ConvertingAPIs:
 
     def convert_version(self, model: ir.Model, target_version: int) -> ir.Model:
         check_loop_types(model.graph, target_version)
+        ir.passes.common.InlinePass()(model)
+        if _options.current().hoist_loop_invariants:
+            _hoist.hoist_loop_invariants(model)
         if target_version >= _opsets.TORCH_BUILD_OPSET:
             return self._apis.convert_version(model, target_version)
         from torchscan.onnx import _convert

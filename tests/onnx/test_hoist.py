@@ -1,0 +1,201 @@
+"""Moving loop-invariant and per-step work out of Scan and Loop bodies."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx_ir as ir
+import pytest
+import torch
+
+import torchscan
+import torchscan.onnx
+
+from ._runtimes import nodes, run_onnxruntime, run_reference
+
+
+def export(model: torch.nn.Module, args, dynamic_shapes=None, hoist: bool = True):
+    with warnings.catch_warnings(), torchscan.onnx.export_options(hoist_loop_invariants=hoist):
+        warnings.simplefilter("ignore")
+        return torch.onnx.export(
+            model.eval(), args, dynamic_shapes=dynamic_shapes, verbose=False
+        ).model_proto
+
+
+def body_of(model: onnx.ModelProto, op: str = "Scan") -> onnx.GraphProto:
+    return next(n for n, _ in nodes(model.graph) if n.op_type == op).attribute[0].g
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self, cell: type[torch.nn.Module], axis: int = 0, reverse: bool = False):
+        super().__init__()
+        self.cell, self.axis, self.reverse = cell(3, 4), axis, reverse
+        self.lstm = cell is torch.nn.LSTMCell
+
+    def forward(self, xs, h):
+        def step(state, x):
+            if self.lstm:
+                state = self.cell(x, state)
+                return state, state[0]
+            state = self.cell(x, state)
+            return state, state
+
+        init = (h, torch.zeros_like(h)) if self.lstm else h
+        return torchscan.scan(step, init, xs, axis=self.axis, reverse=self.reverse)
+
+
+CELLS = [torch.nn.RNNCell, torch.nn.LSTMCell, torch.nn.GRUCell]
+
+
+@pytest.mark.parametrize(("axis", "reverse"), [(0, False), (1, True)])
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_input_projection_leaves_the_body(cell, axis: int, reverse: bool) -> None:
+    torch.manual_seed(0)
+    model = Recurrent(cell, axis, reverse)
+    xs = torch.randn(5, 2, 3) if axis == 0 else torch.randn(2, 5, 3)
+    args, shapes = (xs, torch.randn(2, 4)), ({axis: torch.export.Dim("T", min=1)}, None)
+    hoisted, plain = export(model, args, shapes), export(model, args, shapes, hoist=False)
+
+    def gemms_on_elements(model):
+        body = body_of(model)
+        elements = {i.name for i in body.input[len(body.input) - 1 :]}
+        return [n for n in body.node if n.op_type == "Gemm" and n.input[0] in elements]
+
+    assert len(gemms_on_elements(plain)) == 1
+    assert not gemms_on_elements(hoisted)
+    assert len(body_of(hoisted).node) < len(body_of(plain).node)
+    assert "MatMul" in [n.op_type for n in hoisted.graph.node]  # the projection, batched
+    onnx.checker.check_model(hoisted, full_check=True)
+    for length in (1, 7):
+        shape = (length, 2, 3) if axis == 0 else (2, length, 3)
+        inputs = (torch.randn(*shape), torch.randn(2, 4))
+        expected = run_onnxruntime(plain, inputs)
+        for actual, wanted in zip(run_onnxruntime(hoisted, inputs), expected, strict=True):
+            np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
+
+
+class Invariant(torch.nn.Module):
+    """A body whose gain depends on nothing that changes: computed once outside."""
+
+    def forward(self, xs, h, gain):
+        def body(i, h):
+            scale = torch.tanh(gain * 2) + 1  # the same at every iteration
+            return h * scale + xs[i], h
+
+        return torchscan.loop(body, h, trip_count=xs.shape[0])
+
+
+def test_loop_invariant_work_leaves_a_loop_body() -> None:
+    args = (torch.randn(5, 4), torch.randn(4), torch.tensor(0.5))
+    shapes = ({0: torch.export.Dim("T", min=1)}, None, None)
+    hoisted, plain = export(Invariant(), args, shapes), export(Invariant(), args, shapes, False)
+    assert "Tanh" in {n.op_type for n in body_of(plain, "Loop").node}
+    assert "Tanh" not in {n.op_type for n in body_of(hoisted, "Loop").node}
+    assert "Tanh" in {n.op_type for n in hoisted.graph.node}
+    inputs = (torch.randn(8, 4), torch.randn(4), torch.tensor(-0.3))
+    for actual, wanted in zip(
+        run_onnxruntime(hoisted, inputs), run_onnxruntime(plain, inputs), strict=True
+    ):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-6, atol=1e-6)
+
+
+def scan_model(body_nodes: list, body_inputs: list, extra: list | None = None) -> ir.Model:
+    """A Scan over xs (T, 2, 3) with state (2, 3), its body given; y is the new state."""
+    f = onnx.TensorProto.FLOAT
+    body = oh.make_graph(
+        body_nodes,
+        "body",
+        [oh.make_tensor_value_info(n, f, s) for n, s in body_inputs],
+        [oh.make_tensor_value_info(n, f, [2, 3]) for n in ("s_out", "y")],
+    )
+    graph = oh.make_graph(
+        [
+            *(extra or []),
+            oh.make_node(
+                "Scan", ["s0", "xs"], ["final", "ys"], body=body, num_scan_inputs=1, name="scan"
+            ),
+        ],
+        "g",
+        [
+            oh.make_tensor_value_info("s0", f, [2, 3]),
+            oh.make_tensor_value_info("xs", f, ["T", 2, 3]),
+        ],
+        [oh.make_tensor_value_info("final", f, None), oh.make_tensor_value_info("ys", f, None)],
+        [onnx.numpy_helper.from_array(np.arange(3, dtype=np.float32), "row")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    return ir.from_proto(onnx.shape_inference.infer_shapes(model))
+
+
+SCAN_INPUTS = [("s", [2, 3]), ("x", [2, 3])]
+
+
+def run_both(model: ir.Model) -> tuple[list, list, onnx.ModelProto]:
+    before = ir.serde.serialize_model(model)
+    torchscan.onnx.hoist_loop_invariants(model)
+    after = ir.serde.serialize_model(model)
+    onnx.checker.check_model(after, full_check=True)
+    inputs = (torch.randn(2, 3), torch.randn(4, 2, 3))
+    return run_reference(after, inputs), run_reference(before, inputs), after
+
+
+def test_elementwise_work_on_the_elements_is_batched() -> None:
+    model = scan_model(
+        [
+            oh.make_node("Mul", ["x", "row"], ["scaled"]),  # (2, 3) * (3,): batchable
+            oh.make_node("Tanh", ["scaled"], ["squashed"]),
+            oh.make_node("Add", ["s", "squashed"], ["s_out"]),
+            oh.make_node("Identity", ["s_out"], ["y"]),
+        ],
+        SCAN_INPUTS,
+    )
+    after_values, before_values, after = run_both(model)
+    assert [n.op_type for n in after.graph.node[:2]] == ["Mul", "Tanh"]
+    assert [n.op_type for n in body_of(after).node] == ["Add", "Identity"]
+    for a, b in zip(after_values, before_values, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_random_work_stays_in_the_body() -> None:
+    model = scan_model(
+        [
+            oh.make_node("RandomUniformLike", ["x"], ["noise"], seed=1.0),
+            oh.make_node("Add", ["s", "noise"], ["s_out"]),
+            oh.make_node("Identity", ["s_out"], ["y"]),
+        ],
+        SCAN_INPUTS,
+    )
+    torchscan.onnx.hoist_loop_invariants(model)
+    body = ir.serde.serialize_model(model).graph.node[0].attribute[0].g
+    assert [n.op_type for n in body.node] == ["RandomUniformLike", "Add", "Identity"]
+
+
+def test_broadcasting_that_would_misalign_the_time_axis_stays_in_the_body() -> None:
+    # x[0] is (3,): batched it would be (T, 3), which broadcasts against (2, 3) wrongly.
+    model = scan_model(
+        [
+            oh.make_node("Constant", [], ["zero"], value_ints=[0]),
+            oh.make_node("Gather", ["x", "zero"], ["first"], axis=0),
+            oh.make_node("Squeeze", ["first", "zero"], ["row0"]),
+            oh.make_node("Add", ["s", "row0"], ["s_out"]),
+            oh.make_node("Identity", ["s_out"], ["y"]),
+        ],
+        SCAN_INPUTS,
+    )
+    after_values, before_values, after = run_both(model)
+    assert [n.op_type for n in body_of(after).node] == ["Gather", "Squeeze", "Add", "Identity"]
+    assert [n.op_type for n in after.graph.node] == ["Constant", "Scan"]  # only the constant
+    for a, b in zip(after_values, before_values, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_option_off_leaves_bodies_as_translated() -> None:
+    with torchscan.onnx.export_options(hoist_loop_invariants=False) as options:
+        assert not options.hoist_loop_invariants
+    assert torchscan.onnx.export_options  # and the default is back on:
+    from torchscan.onnx import _options
+
+    assert _options.current().hoist_loop_invariants

@@ -1,0 +1,438 @@
+"""Moving work out of loop bodies that does not need to be there.
+
+An RNN step computes ``x_t @ W_ih + b`` from the sequence alone, and ``h @ W_hh`` from the
+carried state. Run inside a ``Scan``, the first is one small matrix product per step; run once
+over the whole sequence, it is one large product, which is what cuDNN and onnxruntime's own RNN
+kernels do. This pass finds, in every ``Scan`` and ``Loop`` body:
+
+* work that reads only values from outside the loop (a weight's transpose, constants): it is
+  computed once, before the loop;
+* in a ``Scan``, work that reads the scanned elements and outside values but no carried state:
+  it is computed for every step at once, on the whole sequence, before the ``Scan``, and the
+  results become new scanned inputs. The time axis stays where the sequence has it, so no
+  transpose is added: the new inputs are scanned along the same axis, in the same direction.
+
+Results are the same up to floating-point rounding (a batched matrix product may sum in another
+order). The pass changes nothing it does not know how to batch: an operator is batched only when
+adding a leading time axis to its per-step inputs gives the per-step results stacked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable
+
+import onnx_ir as ir
+
+# Operators applied element by element, with numpy broadcasting between their inputs.
+_ELEMENTWISE = frozenset(
+    {
+        "Abs", "Acos", "Acosh", "Add", "And", "Asin", "Asinh", "Atan", "Atanh", "BitwiseAnd",
+        "BitwiseNot", "BitwiseOr", "BitwiseXor", "Cast", "CastLike", "Ceil", "Celu", "Clip",
+        "Cos", "Cosh", "Div", "Elu", "Equal", "Erf", "Exp", "Floor", "Gelu", "Greater",
+        "GreaterOrEqual", "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN",
+        "LeakyRelu", "Less", "LessOrEqual", "Log", "Max", "Mean", "Min", "Mish", "Mod", "Mul",
+        "Neg", "Not", "Or", "Pow", "PRelu", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
+        "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Sub", "Sum", "Tan", "Tanh",
+        "ThresholdedRelu", "Where", "Xor",
+    }
+)  # fmt: skip
+
+# Operators whose result differs between two calls with the same inputs: never hoisted.
+_NONDETERMINISTIC = frozenset(
+    {"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
+     "RandomUniformLike"}
+)  # fmt: skip
+
+
+@dataclasses.dataclass
+class _Names:
+    """Fresh value names: ONNX wants every name unique across a model and its subgraphs."""
+
+    taken: set[str]
+    counter: itertools.count = dataclasses.field(default_factory=itertools.count)
+
+    def fresh(self, base: str) -> str:
+        name = base
+        while name in self.taken:
+            name = f"{base}_{next(self.counter)}"
+        self.taken.add(name)
+        return name
+
+
+def hoist_loop_invariants(model: ir.Model) -> int:
+    """Move loop-invariant and per-step work out of every Scan and Loop body of ``model``, in
+    place. Returns how many body nodes were moved or batched."""
+    names = _Names({v.name for v in _all_values(model.graph) if v is not None and v.name})
+    return _visit(model.graph, names)
+
+
+def _all_values(graph: ir.Graph) -> Iterable[ir.Value]:
+    yield from graph.inputs
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        yield from node.inputs
+        yield from node.outputs
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                yield from attribute.as_graph().inputs
+
+
+def _visit(graph: ir.Graph, names: _Names) -> int:
+    moved = 0
+    for node in list(graph):
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                moved += _visit(attribute.as_graph(), names)
+        if node.domain in ("", "ai.onnx") and node.op_type in ("Scan", "Loop"):
+            moved += _hoist(graph, node, names)
+    return moved
+
+
+# -- classification ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """A value that changes with the step but not through the carried state: batchable. Its
+    sequence over all steps has the time axis at ``axis`` and is scanned in ``direction``."""
+
+    direction: int
+    axis: int
+
+
+_VARYING = "varying"  # depends on the carried state (or cannot be moved)
+_OUTSIDE = "outside"  # the same at every step
+
+
+def _hoist(graph: ir.Graph, loop: ir.Node, names: _Names) -> int:
+    body = loop.attributes["body"].as_graph()
+    kinds: dict[ir.Value, object] = {}
+    if loop.op_type == "Scan":
+        n_scanned = loop.attributes["num_scan_inputs"].as_int()
+        n_state = len(body.inputs) - n_scanned
+        directions = _ints(loop, "scan_input_directions", [0] * n_scanned)
+        axes = _ints(loop, "scan_input_axes", [0] * n_scanned)
+        for value in body.inputs[:n_state]:
+            kinds[value] = _VARYING
+        for value, sequence, direction, axis in zip(
+            body.inputs[n_state:], loop.inputs[n_state:], directions, axes, strict=True
+        ):
+            rank = _rank(sequence)
+            kinds[value] = _VARYING if rank is None else _Step(direction, axis % rank)
+    else:
+        for value in body.inputs:  # iteration number, condition, carried values
+            kinds[value] = _VARYING
+
+    invariant, per_step = [], []
+    for node in body:
+        kind = _classify(node, kinds, body)
+        for output in node.outputs:
+            kinds[output] = kind
+        if kind is _OUTSIDE:
+            invariant.append(node)
+        elif isinstance(kind, _Step):
+            per_step.append(node)
+
+    for node in invariant:
+        _keep_outputs_in_body(body, node, names)
+        body.remove(node)
+        graph.insert_before(loop, node)
+    moved = len(invariant)
+    if per_step:
+        moved += _batch_steps(graph, loop, body, per_step, kinds, names)
+    return moved
+
+
+def _classify(node: ir.Node, kinds: dict[ir.Value, object], body: ir.Graph) -> object:
+    if (
+        node.domain not in ("", "ai.onnx")
+        or node.op_type in _NONDETERMINISTIC
+        or any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for a in node.attributes.values()
+        )
+    ):
+        return _VARYING
+    input_kinds = [_kind(v, kinds, body) for v in node.inputs]
+    if _VARYING in input_kinds:
+        return _VARYING
+    steps = {k for k in input_kinds if isinstance(k, _Step)}
+    if not steps:
+        return _OUTSIDE
+    if len(steps) > 1 or not _batchable(node, kinds):
+        return _VARYING
+    return steps.pop()
+
+
+def _kind(value: ir.Value | None, kinds: dict[ir.Value, object], body: ir.Graph) -> object:
+    if value is None:
+        return _OUTSIDE
+    if value in kinds:
+        return kinds[value]
+    # A constant of the body itself cannot leave with a node that reads it.
+    return _VARYING if value.graph is body else _OUTSIDE
+
+
+def _batchable(node: ir.Node, kinds: dict[ir.Value, object]) -> bool:
+    """Whether giving the per-step inputs of ``node`` their time axis gives its results stacked
+    along the same axis."""
+    steps = [v for v in node.inputs if v is not None and isinstance(kinds.get(v), _Step)]
+    if len(node.outputs) != 1 or node.outputs[0].shape is None:
+        return False  # a value the body reads must be declared with its shape
+    if any(_rank(v) is None for v in node.inputs if v is not None):
+        return False
+    axis = kinds[steps[0]].axis
+    outside = [v for v in node.inputs if v is not None and v not in steps]
+    rank = _rank(node.outputs[0])
+    if node.op_type in _ELEMENTWISE:
+        # Broadcasting aligns trailing axes: per-step inputs of the output's rank keep their
+        # time axis together, and an outside input must not reach back to it.
+        return all(_rank(v) == rank for v in steps) and all(
+            _rank(v) <= rank - axis for v in outside
+        )
+    if node.op_type == "MatMul":
+        a, b = node.inputs
+        # The time axis may be a batch axis or the rows, never the summed axis.
+        return steps == [a] and _rank(a) >= 2 and axis <= _rank(a) - 1 and _rank(b) == 2
+    if node.op_type == "Gemm":
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        return (
+            steps == [node.inputs[0]]
+            and not _int_attribute(node, "transA", 0)
+            and axis <= 1
+            and (c is None or _rank(c) <= 2 - axis)
+        )
+    return node.op_type == "Transpose" and axis == 0
+
+
+def _rank(value: ir.Value) -> int | None:
+    return None if value.shape is None else value.shape.rank()
+
+
+def _ints(node: ir.Node, name: str, default: list[int]) -> list[int]:
+    attribute = node.attributes.get(name)
+    return list(attribute.as_ints()) if attribute is not None else default
+
+
+def _int_attribute(node: ir.Node, name: str, default: int) -> int:
+    attribute = node.attributes.get(name)
+    return attribute.as_int() if attribute is not None else default
+
+
+def _float_attribute(node: ir.Node, name: str, default: float) -> float:
+    attribute = node.attributes.get(name)
+    return attribute.as_float() if attribute is not None else default
+
+
+def _keep_outputs_in_body(body: ir.Graph, node: ir.Node, names: _Names) -> None:
+    """A body output that leaves the body with its node is passed on by an ``Identity``."""
+    for output in node.outputs:
+        if output in body.outputs:
+            copy = ir.node("Identity", [output], version=node.version)
+            copy.outputs[0].name = names.fresh(f"{output.name}_in_body")
+            copy.outputs[0].type, copy.outputs[0].shape = output.type, output.shape
+            body.append(copy)
+            for i, value in enumerate(body.outputs):
+                if value is output:
+                    body.outputs[i] = copy.outputs[0]
+
+
+# -- batching ----------------------------------------------------------------------------------
+
+
+def _batch_steps(
+    graph: ir.Graph,
+    scan: ir.Node,
+    body: ir.Graph,
+    per_step: list[ir.Node],
+    kinds: dict[ir.Value, object],
+    names: _Names,
+) -> int:
+    n_scanned = scan.attributes["num_scan_inputs"].as_int()
+    n_state = len(body.inputs) - n_scanned
+    axes = _ints(scan, "scan_input_axes", [0] * n_scanned)
+    directions = _ints(scan, "scan_input_directions", [0] * n_scanned)
+    sequences = list(scan.inputs[n_state:])
+    elements = list(body.inputs[n_state:])
+
+    # Every scanned element, as its whole sequence.
+    batched: dict[ir.Value, ir.Value] = dict(zip(elements, sequences, strict=True))
+    new_nodes: list[ir.Node] = []
+    for node in per_step:
+        made, output = _batched_node(node, batched, names)
+        new_nodes.extend(made)
+        batched[node.outputs[0]] = output
+
+    # Values computed per step that the rest of the body reads become new scanned inputs.
+    frontier = [
+        v
+        for v in (node.outputs[0] for node in per_step)
+        if v in body.outputs or any(use.node not in per_step for use in v.uses())
+    ]
+    graph_inputs = list(scan.inputs)
+    for value in frontier:
+        element = ir.Value(name=names.fresh(f"{value.name}_t"), type=value.type, shape=value.shape)
+        for use in list(value.uses()):
+            if use.node not in per_step:
+                use.node.replace_input_with(use.idx, element)
+        if value in body.outputs:
+            copy = ir.node("Identity", [element], version=scan.version)
+            copy.outputs[0].name = names.fresh(f"{value.name}_out")
+            copy.outputs[0].type, copy.outputs[0].shape = value.type, value.shape
+            body.append(copy)
+            for i, output in enumerate(body.outputs):
+                if output is value:
+                    body.outputs[i] = copy.outputs[0]
+        body.inputs.append(element)
+        graph_inputs.append(batched[value])
+        axes.append(kinds[value].axis)
+        directions.append(kinds[value].direction)
+
+    for node in reversed(per_step):
+        body.remove(node, safe=True)
+    graph.insert_before(scan, new_nodes)
+
+    # Drop the scanned inputs the body no longer reads; a Scan keeps at least one.
+    keep = [
+        i
+        for i, element in enumerate(body.inputs[n_state:])
+        if element.uses() or element in body.outputs
+    ] or [len(body.inputs) - n_state - 1]
+    _set_scanned(scan, body, graph_inputs, n_state, keep, axes, directions)
+    _fold_into_gemm(graph, scan, body, names)
+    return len(per_step)
+
+
+def _fold_into_gemm(graph: ir.Graph, scan: ir.Node, body: ir.Graph, names: _Names) -> None:
+    """``Add(Gemm(h, W, c), x_t)`` per step, with ``x_t`` a scanned element, is ``Gemm(h, W,
+    x_t + c)``: adding ``c`` once to the whole sequence saves an ``Add`` at every step. This is
+    what a hoisted input projection next to the recurrent product looks like."""
+    n_scanned = scan.attributes["num_scan_inputs"].as_int()
+    n_state = len(body.inputs) - n_scanned
+    for add in list(body):
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+            continue
+        pair = _gemm_and_element(add, body, n_state)
+        if pair is None:
+            continue
+        gemm, element = pair
+        position = list(body.inputs[n_state:]).index(element)
+        sequence_index = n_state + position
+        sequence = scan.inputs[sequence_index]
+        c = gemm.inputs[2] if len(gemm.inputs) > 2 else None
+        axis = _ints(scan, "scan_input_axes", [0] * n_scanned)[position] % 3
+        if c is not None and (_rank(c) is None or _rank(c) > 2 - axis):
+            continue  # c would not broadcast along the sequence as it does along one step
+        if c is not None:
+            beta = _float_attribute(gemm, "beta", 1.0)
+            made = []
+            if beta != 1.0:
+                scale = ir.node("Constant", [], {"value": ir.tensor(beta, dtype=c.dtype)})
+                c = ir.node("Mul", [c, scale.outputs[0]]).outputs[0]
+                made += [scale, c.producer()]
+            total = ir.node("Add", [sequence, c])
+            made.append(total)
+            for node in made:
+                node.outputs[0].name = names.fresh(f"{sequence.name}_with_bias")
+            graph.insert_before(scan, made)
+            scan.replace_input_with(sequence_index, total.outputs[0])
+        if len(gemm.inputs) < 3:
+            gemm.resize_inputs(3)
+        gemm.replace_input_with(2, element)
+        gemm.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
+        _replace_value(body, add.outputs[0], gemm.outputs[0])
+        body.remove(add, safe=True)
+
+
+def _gemm_and_element(add: ir.Node, body: ir.Graph, n_state: int):
+    """The ``Gemm`` and the scanned element an ``Add`` sums, when folding them is exact."""
+    elements = set(body.inputs[n_state:])
+    for element, other in (add.inputs, reversed(add.inputs)):
+        gemm = other.producer() if other is not None else None
+        if element not in elements or gemm is None or gemm.op_type != "Gemm":
+            continue
+        if len(element.uses()) != 1 or len(other.uses()) != 1 or other in body.outputs:
+            continue
+        if element.shape is None or other.shape is None or element.shape != other.shape:
+            continue
+        return gemm, element
+    return None
+
+
+def _replace_value(body: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    for use in list(old.uses()):
+        use.node.replace_input_with(use.idx, new)
+    for i, output in enumerate(body.outputs):
+        if output is old:
+            new.name, old.name = old.name, None
+            body.outputs[i] = new
+
+
+def _set_scanned(scan, body, graph_inputs, n_state, keep, axes, directions) -> None:
+    elements = list(body.inputs[n_state:])
+    sequences = graph_inputs[n_state:]
+    del body.inputs[n_state:]
+    body.inputs.extend(elements[i] for i in keep)
+    scan.resize_inputs(n_state + len(keep))
+    for position, i in enumerate(keep):
+        scan.replace_input_with(n_state + position, sequences[i])
+    scan.attributes["num_scan_inputs"] = ir.AttrInt64("num_scan_inputs", len(keep))
+    scan.attributes["scan_input_axes"] = ir.AttrInt64s("scan_input_axes", [axes[i] for i in keep])
+    scan.attributes["scan_input_directions"] = ir.AttrInt64s(
+        "scan_input_directions", [directions[i] for i in keep]
+    )
+
+
+def _batched_node(
+    node: ir.Node, batched: dict[ir.Value, ir.Value], names: _Names
+) -> tuple[list[ir.Node], ir.Value]:
+    """The nodes computing ``node`` for all steps at once, and their result."""
+    inputs = [batched.get(v, v) if v is not None else None for v in node.inputs]
+    base = names.fresh(f"{node.outputs[0].name}_seq")
+    if node.op_type == "Gemm":
+        return _batched_gemm(node, inputs, base, names)
+    attributes = dict(node.attributes)
+    if node.op_type == "Transpose":
+        rank = _rank(node.inputs[0])
+        perm = _ints(node, "perm", list(reversed(range(rank))))
+        attributes["perm"] = ir.AttrInt64s("perm", [0] + [p + 1 for p in perm])
+    copy = ir.Node(
+        node.domain,
+        node.op_type,
+        inputs,
+        attributes=list(attributes.values()),
+        version=node.version,
+    )
+    copy.outputs[0].name = base
+    copy.outputs[0].dtype = node.outputs[0].dtype
+    return [copy], copy.outputs[0]
+
+
+def _batched_gemm(
+    node: ir.Node, inputs: list[ir.Value | None], base: str, names: _Names
+) -> tuple[list[ir.Node], ir.Value]:
+    """``Gemm`` takes matrices only: ``alpha * A @ B' + beta * C`` as MatMul, Mul and Add."""
+    a, b, c = (*inputs, None)[:3]
+    made = []
+
+    def add(op: str, args: list[ir.Value], **attributes) -> ir.Value:
+        new = ir.node(op, args, attributes, version=node.version)
+        new.outputs[0].name = names.fresh(f"{base}_{op.lower()}")
+        made.append(new)
+        return new.outputs[0]
+
+    if _int_attribute(node, "transB", 0):
+        b = add("Transpose", [b], perm=[1, 0])
+    result = add("MatMul", [a, b])
+    dtype = node.outputs[0].dtype
+    alpha, beta = _float_attribute(node, "alpha", 1.0), _float_attribute(node, "beta", 1.0)
+    if alpha != 1.0:
+        result = add("Mul", [result, add("Constant", [], value=ir.tensor(alpha, dtype=dtype))])
+    if c is not None:
+        if beta != 1.0:
+            c = add("Mul", [c, add("Constant", [], value=ir.tensor(beta, dtype=dtype))])
+        result = add("Add", [result, c])
+    made[-1].outputs[0].name = base
+    made[-1].outputs[0].dtype = dtype
+    return made, made[-1].outputs[0]

@@ -1,0 +1,40 @@
+"""Settings of the export that torch.onnx has no argument for."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportOptions:
+    hoist_loop_invariants: bool = True
+    """Move work that does not depend on the carried state out of Scan and Loop bodies: work on
+    outside values only is done once, work on the scanned elements once over the whole sequence
+    (see ``torchscan.onnx.hoist_loop_invariants``)."""
+
+
+_current = ExportOptions()
+
+
+def current() -> ExportOptions:
+    return _current
+
+
+@contextlib.contextmanager
+def export_options(**changes: bool) -> Iterator[ExportOptions]:
+    """Change torchscan's export settings for the exports inside the ``with`` block.
+
+    >>> import torchscan.onnx
+    >>> with torchscan.onnx.export_options(hoist_loop_invariants=False) as options:
+    ...     options.hoist_loop_invariants
+    False
+    """
+    global _current
+    before = _current
+    _current = dataclasses.replace(_current, **changes)
+    try:
+        yield _current
+    finally:
+        _current = before
