@@ -331,18 +331,42 @@ def _fold_into_gemm(graph: ir.Graph, scan: ir.Node, body: ir.Graph, names: _Name
                 scale = ir.node("Constant", [], {"value": ir.tensor(beta, dtype=c.dtype)})
                 c = ir.node("Mul", [c, scale.outputs[0]]).outputs[0]
                 made += [scale, c.producer()]
-            total = ir.node("Add", [sequence, c])
-            made.append(total)
+            biased = _biased_sequence(sequence, scan)
+            if biased is not None:
+                # The sequence already ends with a bias: sum the two biases, a small Add, rather
+                # than add a second one to every element of the sequence.
+                add_node, bias_index = biased
+                total = ir.node("Add", [add_node.inputs[bias_index], c])
+                made.append(total)
+                graph.insert_before(add_node, made)
+                add_node.replace_input_with(bias_index, total.outputs[0])
+            else:
+                total = ir.node("Add", [sequence, c])
+                made.append(total)
+                graph.insert_before(scan, made)
+                scan.replace_input_with(sequence_index, total.outputs[0])
             for node in made:
                 node.outputs[0].name = names.fresh(f"{sequence.name}_with_bias")
-            graph.insert_before(scan, made)
-            scan.replace_input_with(sequence_index, total.outputs[0])
         if len(gemm.inputs) < 3:
             gemm.resize_inputs(3)
         gemm.replace_input_with(2, element)
         gemm.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         _replace_value(body, add.outputs[0], gemm.outputs[0])
         body.remove(add, safe=True)
+
+
+def _biased_sequence(sequence: ir.Value, scan: ir.Node) -> tuple[ir.Node, int] | None:
+    """The ``Add`` that gives ``sequence`` its bias, and which of its inputs is the bias, when
+    only the ``Scan`` reads the sum and the bias is a vector of its last axis."""
+    add = sequence.producer()
+    if add is None or add.op_type != "Add" or len(sequence.uses()) != 1:
+        return None
+    for index, bias in enumerate(add.inputs):
+        if bias is not None and _rank(bias) == 1 and bias.producer() is not add:
+            other = add.inputs[1 - index]
+            if other is not None and _rank(other) == _rank(sequence):
+                return add, index
+    return None
 
 
 def _gemm_and_element(add: ir.Node, body: ir.Graph, n_state: int):
