@@ -229,13 +229,21 @@ def _keep_outputs_in_body(body: ir.Graph, node: ir.Node, names: _Names) -> None:
     """A body output that leaves the body with its node is passed on by an ``Identity``."""
     for output in node.outputs:
         if output in body.outputs:
-            copy = ir.node("Identity", [output], version=node.version)
-            copy.outputs[0].name = names.fresh(f"{output.name}_in_body")
-            copy.outputs[0].type, copy.outputs[0].shape = output.type, output.shape
-            body.append(copy)
-            for i, value in enumerate(body.outputs):
-                if value is output:
-                    body.outputs[i] = copy.outputs[0]
+            _output_through_identity(body, output, output, node.version, names)
+
+
+def _output_through_identity(
+    body: ir.Graph, output: ir.Value, source: ir.Value, version: int | None, names: _Names
+) -> None:
+    """Make the body output ``output`` an ``Identity`` of ``source``: a body's outputs must be
+    values of its own, and distinct."""
+    copy = ir.node("Identity", [source], version=version)
+    copy.outputs[0].name = names.fresh(f"{output.name}_out")
+    copy.outputs[0].type, copy.outputs[0].shape = output.type, output.shape
+    body.append(copy)
+    for i, value in enumerate(body.outputs):
+        if value is output:
+            body.outputs[i] = copy.outputs[0]
 
 
 # -- batching ----------------------------------------------------------------------------------
@@ -277,13 +285,7 @@ def _batch_steps(
             if use.node not in per_step:
                 use.node.replace_input_with(use.idx, element)
         if value in body.outputs:
-            copy = ir.node("Identity", [element], version=scan.version)
-            copy.outputs[0].name = names.fresh(f"{value.name}_out")
-            copy.outputs[0].type, copy.outputs[0].shape = value.type, value.shape
-            body.append(copy)
-            for i, output in enumerate(body.outputs):
-                if output is value:
-                    body.outputs[i] = copy.outputs[0]
+            _output_through_identity(body, value, element, scan.version, names)
         body.inputs.append(element)
         graph_inputs.append(batched[value])
         axes.append(kinds[value].axis)
