@@ -40,3 +40,14 @@ def test_export_page_has_the_current_opset_table() -> None:
     generated = page.split("<!-- opset-table", 1)[1].split("-->", 1)[1]
     generated = generated.split("<!-- end of opset-table -->", 1)[0]
     assert generated.strip() == markdown_table().strip()
+
+
+def test_reference_page_matches_the_docstrings() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference", ROOT / "tools" / "reference.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    assert (ROOT / "docs" / "reference.md").read_text() == reference.render(), (
+        "docs/reference.md is out of date: run python tools/reference.py"
+    )
