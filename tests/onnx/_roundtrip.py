@@ -16,6 +16,16 @@ from ._runtimes import (
     run_reference,
 )
 
+OPSETS = [8, 9, 11, 13, 16, 17, 18, 19, 21, 23, 24, 25]
+"""Every opset whose Scan or Loop differs from the one before, and 13 and 17 (below 18, where
+torch.onnx builds nothing itself)."""
+
+CALL_BODIES = ("torchscan_scan_body", "torchscan_loop_body")
+"""The names the translation gives the bodies of the nodes that torchscan calls become."""
+
+HELPER_BODIES = ("range_body", "cumsum_body", "reverse_body")
+"""The names the conversion below opset 11 gives the bodies of the loops it adds."""
+
 SCAN_ATTRIBUTES = {
     "body",
     "num_scan_inputs",
@@ -34,14 +44,28 @@ def check_structure(model: onnx.ModelProto, case: Case, opset: int) -> None:
     """The asked opset, one loop node per call, axes and directions as attributes."""
     assert default_opset(model) == opset
     op_types = [node.op_type for node, _ in nodes(model.graph)]
-    assert {op: op_types.count(op) for op in ("Scan", "Loop")} == {"Scan": 0, "Loop": 0, **case.ops}
+    calls, helpers = [], []
+    for node, _ in nodes(model.graph):
+        if node.op_type in ("Scan", "Loop"):
+            body = next(a.g for a in node.attribute if a.name == "body")
+            (calls if body.name.startswith(CALL_BODIES) else helpers).append((node, body))
+    counts = {op: [n.op_type for n, _ in calls].count(op) for op in ("Scan", "Loop")}
+    assert counts == {"Scan": 0, "Loop": 0, **case.ops}
+    # Below opset 11 the conversion computes what Range, CumSum and flips of a dynamic axis did
+    # with small loops of its own, and Scan-8 reverses an output with a second Scan.
+    assert opset < 11 or not helpers
+    assert all(body.name.startswith(HELPER_BODIES) for _, body in helpers)
+    if scan_version(opset).batch_axis:
+        # Scan-8 scans axis 1 of batched inputs and appends its outputs: other axes take a
+        # Transpose around it.
+        return
     if "Loop" not in case.ops:
         # A Scan takes axes and directions as attributes; a Loop stacks its outputs on axis 0 in
         # the order it ran, so a scan with until may move or flip them afterwards.
         assert not {"Transpose", "ReverseSequence"} & set(op_types)
-    for node, _ in nodes(model.graph):
+    for node, _ in calls:
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type == "Scan" and not scan_version(opset).batch_axis:
+        if node.op_type == "Scan":
             assert set(attributes) <= SCAN_ATTRIBUTES
             axes = attributes["scan_input_axes"] + attributes.get("scan_output_axes", [])
             assert scan_version(opset).negative_axes or all(a >= 0 for a in axes)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from ._roundtrip import check_onnxruntime, check_reference, check_structure
+from ._roundtrip import OPSETS, check_onnxruntime, check_reference, check_structure
 from ._theano_models import CASES
 
-OPSETS = [18, 25]
 NAMES = list(CASES)
 
 
@@ -26,7 +25,7 @@ def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> No
     check_onnxruntime(exported(f"theano:{name}", opset), models(f"theano:{name}"), CASES[name])
 
 
-@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("opset", [o for o in OPSETS if o > 8])  # onnx.reference: no Scan-8
 @pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].reference])
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
     check_reference(exported(f"theano:{name}", opset), models(f"theano:{name}"), CASES[name])

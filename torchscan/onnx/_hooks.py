@@ -5,10 +5,11 @@ Two private extension points of torch.onnx (torch 2.13) are used, and tests hold
 * the lookup of translations, ``ONNXRegistry.get_decomps``: torchscan answers it for its own
   operators, also in registries that torch.onnx built before the hooks were installed (the
   export call builds its registry before it traces the model);
-* the version conversion it runs once the model is built (``_core.onnxscript_apis.
-  convert_version``): torchscan checks every Scan and Loop against the rules of the opset asked
-  for, and converts models below opset 18 itself, Scan and Loop bodies included, where
-  torch.onnx would keep opset 18.
+* the version conversion and the optimization it runs once the model is built
+  (``onnxscript_apis.convert_version`` and ``optimize``, read by ``_core`` and
+  ``_onnx_program``): torchscan checks every Scan and Loop against the rules of the opset asked
+  for, moves loop-invariant work out of their bodies, and converts models below opset 18
+  itself, Scan and Loop bodies included, where torch.onnx would keep opset 18.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from torch.onnx._internal.exporter import _core, _registration
+    from torch.onnx._internal.exporter import _core, _onnx_program, _registration
 
     from torchscan import _hops
     from torchscan.onnx import _translate
@@ -41,7 +42,7 @@ def install() -> None:
     _registration.ONNXRegistry.get_decomps = _with_translations(
         _registration.ONNXRegistry.get_decomps, translations, _registration.OnnxDecompMeta
     )
-    _core.onnxscript_apis = _ConvertingAPIs(_core.onnxscript_apis)
+    _core.onnxscript_apis = _onnx_program.onnxscript_apis = _ConvertingAPIs(_core.onnxscript_apis)
     logging.getLogger("torch.onnx._internal.exporter._compat").addFilter(_drop_stale_warning)
     _installed = True
 
@@ -77,7 +78,16 @@ def _with_translations(get_decomps: Any, translations: dict, meta: type) -> Any:
 
 
 class _ConvertingAPIs:
-    """torch.onnx's onnxscript entry points, with ``convert_version`` replaced."""
+    """torch.onnx's onnxscript entry points, with ``convert_version`` and ``optimize`` replaced.
+
+    torch.onnx converts a model to the opset asked for, then optimizes it. Below opset 18 that
+    order fails twice: torch's own translation uses operators that old opsets lack (``chunk`` is
+    a ``SplitToSequence`` until the optimizer folds it into a ``Split``), and onnxscript's
+    optimizer, run on an old-opset model, writes opset-18 nodes into it. So a model asked below
+    18 is optimized at opset 18 first, then converted, and not optimized again.
+    """
+
+    _CONVERTED = "torchscan.converted_down"
 
     def __init__(self, apis: Any) -> None:
         self._apis = apis
@@ -94,8 +104,22 @@ class _ConvertingAPIs:
             return self._apis.convert_version(model, target_version)
         from torchscan.onnx import _convert
 
-        converted = _convert.convert_model(ir.serde.serialize_model(model), target_version)
-        return ir.serde.deserialize_model(converted)
+        built = ir.serde.serialize_model(model)
+        try:
+            proto = _convert.convert_model(
+                ir.serde.serialize_model(self._apis.optimize(model)), target_version
+            )
+        except _convert.OpsetConversionError:
+            # The optimizer may choose operators the target lacks; the model as built may not.
+            proto = _convert.convert_model(built, target_version)
+        converted = ir.serde.deserialize_model(proto)
+        converted.meta[self._CONVERTED] = True
+        return converted
+
+    def optimize(self, model: ir.Model) -> ir.Model:
+        if model.meta.get(self._CONVERTED):
+            return model
+        return self._apis.optimize(model)
 
 
 def check_loop_types(graph: ir.Graph, opset: int) -> None:

@@ -1,0 +1,548 @@
+"""``torchscan.onnx._convert``: models converted down from opset 18 to every opset 8 to 17.
+
+Every model runs in onnxruntime, with graph optimisations off, before and after conversion on
+the same inputs, and the outputs must agree: float32 within rtol 1e-5 and atol 1e-6, integers and
+booleans exactly. Where an opset cannot express a model exactly, the conversion must refuse it,
+with the message pinned here. Models exported by torch.onnx are exported once per session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.shape_inference
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, numpy_helper
+
+from torchscan.onnx._convert import OpsetConversionError, convert_model
+
+TARGETS = list(range(8, 18))
+F32, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
+I8, I32, I64, BOOL = TensorProto.INT8, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
+INT64_MIN = np.iinfo(np.int64).min
+
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+_rng = np.random.default_rng(0)
+
+
+# -- running and comparing ------------------------------------------------------------------------
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+def assert_same(expected: list[np.ndarray], actual: list[np.ndarray]) -> None:
+    assert len(actual) == len(expected)
+    for want, got in zip(expected, actual, strict=True):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        if want.dtype.kind == "f":
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
+def converted(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+    """``model`` at ``target``, held to the checker and to the opset asked for."""
+    result = convert_model(model, target)
+    onnx.checker.check_model(result, full_check=True)
+    assert [(o.domain, o.version) for o in result.opset_import if o.domain in ("", "ai.onnx")] == [
+        ("", target)
+    ]
+    return result
+
+
+def assert_converts(model: onnx.ModelProto, feeds: dict[str, np.ndarray], target: int) -> None:
+    assert_same(run(model, feeds), run(converted(model, target), feeds))
+
+
+# -- building models ------------------------------------------------------------------------------
+
+
+def info(name: str, elem: int, shape: list[int | str] | None = None) -> onnx.ValueInfoProto:
+    return oh.make_tensor_value_info(name, elem, shape)
+
+
+def const(name: str, value: object, dtype: object = None) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+
+
+def build(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: list[onnx.TensorProto] = (),
+    functions: list[onnx.FunctionProto] = (),
+) -> onnx.ModelProto:
+    """An opset-18 model with the shapes ONNX infers for it, held to the checker."""
+    imports = [oh.make_opsetid("", 18)] + [oh.make_opsetid(f.domain, 1) for f in functions]
+    graph = oh.make_graph(nodes, "model", inputs, outputs, initializer=list(initializers))
+    model = oh.make_model(graph, opset_imports=imports, ir_version=10, functions=functions)
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def normal(*shape: int) -> np.ndarray:
+    return _rng.standard_normal(shape).astype(np.float32)
+
+
+def outputs_of(*names: str, elem: int = F32) -> list[onnx.ValueInfoProto]:
+    return [info(name, elem) for name in names]
+
+
+# -- models exported by torch.onnx ----------------------------------------------------------------
+
+
+class Elman(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.randn(4, 5) * 0.5)
+        self.U = torch.nn.Parameter(torch.randn(5, 5) * 0.5)
+        self.b = torch.nn.Parameter(torch.randn(5))
+
+    def forward(self, h, x):
+        h = torch.tanh(x @ self.W + h @ self.U + self.b)
+        return h, h * 1.0
+
+
+class LSTMCell(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4 + 5, 4 * 5)
+
+    def forward(self, h, c, x):
+        i, f, g, o = self.linear(torch.cat([x, h], dim=-1)).chunk(4, dim=-1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, c, h * 1.0
+
+
+class SoftmaxArgmax(torch.nn.Module):
+    def forward(self, x):
+        p = torch.softmax(x, dim=1)
+        return p, torch.log_softmax(x, dim=0), torch.argmax(p, dim=-1), p.max(dim=1).values
+
+
+class Reductions(torch.nn.Module):
+    def forward(self, x):
+        return (
+            x.sum(dim=1), x.mean(dim=(0, 2), keepdim=True), x.amax(dim=-1), x.sum(),
+            x.prod(0), x.norm(dim=-1), x.var(dim=1),
+        )  # fmt: skip
+
+
+class Misc(torch.nn.Module):
+    def forward(self, x, y):
+        moved = x.unsqueeze(0).squeeze(0).transpose(0, 1).reshape(-1)[1:5]
+        values, indices = torch.topk(x, 2, dim=-1, largest=False)
+        parts = torch.tensor_split(x, 3, dim=1)
+        return (
+            moved, torch.where(x > y, x, y).expand(2, *x.shape), values, indices,
+            torch.nn.functional.pad(x, (1, 2), value=0.5), x[:, torch.tensor([0, -1])],
+            torch.clamp(x, min=-0.5), torch.cumsum(x, 1), x.flip(1), parts[0], parts[2], x[::2],
+            (x < y) & (x >= y),
+        )  # fmt: skip
+
+
+class Gelu(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.gelu(x)
+
+
+class LayerNorm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(6)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class ConvPoolResize(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.linear = torch.nn.Linear(4 * 2 * 2, 3)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2)
+        y = torch.nn.functional.avg_pool2d(y, 2)
+        upsampled = torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest")
+        return self.linear(torch.flatten(y, 1)), upsampled
+
+
+class EmbeddingBatchNorm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 3)
+        self.norm = torch.nn.BatchNorm1d(3)
+
+    def forward(self, i):
+        return self.norm(self.embedding(i)), torch.nn.functional.one_hot(i, 10)
+
+
+class DynamicBatchReshape(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(x.shape[0], -1) * 2, x.view(-1, 4)
+
+
+class WhileLoop(torch.nn.Module):
+    def forward(self, x, n):
+        from torch._higher_order_ops.while_loop import while_loop
+
+        def condition(i, v):
+            return i < n.squeeze()
+
+        def body(i, v):
+            return i + 1, torch.tanh(v * 2 + 1)
+
+        return while_loop(condition, body, (torch.zeros((), dtype=torch.int64), x))[1]
+
+
+class Cond(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda t: torch.sigmoid(t) * 2, lambda t: t - 1, (x,))
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchCase:
+    make: Callable[[], torch.nn.Module]
+    inputs: tuple[torch.Tensor, ...]
+    dynamic_shapes: object = None
+
+
+_gen = torch.Generator().manual_seed(0)
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=_gen)
+
+
+TORCH_CASES = {
+    "elman": TorchCase(Elman, (randn(3, 5), randn(3, 4))),
+    "lstm-cell": TorchCase(LSTMCell, (randn(3, 5), randn(3, 5), randn(3, 4))),
+    "softmax-argmax": TorchCase(SoftmaxArgmax, (randn(3, 6),)),
+    "reductions": TorchCase(Reductions, (randn(3, 4, 5),)),
+    "misc": TorchCase(Misc, (randn(3, 6), randn(3, 6))),
+    "gelu": TorchCase(Gelu, (randn(3, 6),)),
+    "layer-norm": TorchCase(LayerNorm, (randn(3, 6),)),
+    "conv-pool-resize": TorchCase(ConvPoolResize, (randn(1, 2, 8, 8),)),
+    "embedding-batchnorm": TorchCase(EmbeddingBatchNorm, (torch.tensor([1, 4, 9, 0]),)),
+    "dynamic-batch-reshape": TorchCase(
+        DynamicBatchReshape, (randn(3, 4, 2),), ({0: torch.export.Dim("batch")},)
+    ),
+    "while-loop": TorchCase(WhileLoop, (randn(3, 4), torch.tensor([5]))),
+    "cond": TorchCase(Cond, (randn(3, 4),)),
+}
+
+
+@functools.cache
+def exported(name: str) -> onnx.ModelProto:
+    """``torch.onnx.export`` of case ``name`` at opset 18, once per session."""
+    case = TORCH_CASES[name]
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            case.make().eval(),
+            case.inputs,
+            dynamo=True,
+            opset_version=18,
+            dynamic_shapes=case.dynamic_shapes,
+            verbose=False,
+        )
+    return program.model_proto
+
+
+def torch_feeds(name: str) -> dict[str, np.ndarray]:
+    model = exported(name)
+    return {
+        i.name: t.numpy() for i, t in zip(model.graph.input, TORCH_CASES[name].inputs, strict=True)
+    }
+
+
+# -- Scan and Loop models around torch-exported step bodies ---------------------------------------
+
+B, IN, H, T = 3, 4, 5, 6  # batch, input features, hidden size, steps
+
+
+@functools.cache
+def step(name: str) -> onnx.ModelProto:
+    return exported(name)
+
+
+def instantiate(
+    step_model: onnx.ModelProto, prefix: str, inputs: list[str]
+) -> tuple[list[onnx.NodeProto], list[str], list[onnx.TensorProto]]:
+    """The nodes of a torch-exported step, reading ``inputs``, with every other name prefixed
+    (names are unique across a model and its subgraphs); its outputs; its initializers, which
+    belong in the main graph, where every body sees them."""
+    graph = step_model.graph
+    bound = {value.name: name for value, name in zip(graph.input, inputs, strict=True)}
+
+    def rename(name: str) -> str:
+        return bound.get(name) or (prefix + name if name else name)
+
+    nodes = []
+    for node in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = prefix + node.name
+        copy.input[:] = [rename(n) for n in node.input]
+        copy.output[:] = [rename(n) for n in node.output]
+        nodes.append(copy)
+    initializers = []
+    for init in graph.initializer:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(init)
+        copy.name = rename(init.name)
+        initializers.append(copy)
+    return nodes, [rename(o.name) for o in graph.output], initializers
+
+
+def elman_body(prefix: str, h: str, x: str) -> tuple[onnx.GraphProto, list[onnx.TensorProto]]:
+    nodes, (h_out, y), inits = instantiate(step("elman"), prefix, [h, x])
+    body = oh.make_graph(
+        nodes, f"{prefix}body", [info(h, F32, [B, H]), info(x, F32, [B, IN])],
+        [info(h_out, F32, [B, H]), info(y, F32, [B, H])],
+    )  # fmt: skip
+    return body, inits
+
+
+def scan_elman() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    body, inits = elman_body("s_", "h", "x")
+    scan = oh.make_node("Scan", ["h0", "xs"], ["h_last", "hs"], body=body, num_scan_inputs=1)
+    model = build(
+        [scan], [info("h0", F32, [B, H]), info("xs", F32, [T, B, IN])],
+        outputs_of("h_last", "hs"), inits,
+    )  # fmt: skip
+    return model, {"h0": normal(B, H), "xs": normal(T, B, IN)}
+
+
+def scan_lstm_reverse_batch_first() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    nodes, (h, c, y), inits = instantiate(step("lstm-cell"), "l_", ["h", "c", "x"])
+    body = oh.make_graph(
+        nodes, "lstm_body",
+        [info("h", F32, [B, H]), info("c", F32, [B, H]), info("x", F32, [B, IN])],
+        [info(h, F32, [B, H]), info(c, F32, [B, H]), info(y, F32, [B, H])],
+    )  # fmt: skip
+    scan = oh.make_node(
+        "Scan", ["h0", "c0", "xs"], ["h_last", "c_last", "hs"], body=body, num_scan_inputs=1,
+        scan_input_axes=[1], scan_output_axes=[1], scan_input_directions=[1],
+        scan_output_directions=[1],
+    )  # fmt: skip
+    model = build(
+        [scan], [info("h0", F32, [B, H]), info("c0", F32, [B, H]), info("xs", F32, [B, T, IN])],
+        outputs_of("h_last", "c_last", "hs"), inits,
+    )  # fmt: skip
+    return model, {"h0": normal(B, H), "c0": normal(B, H), "xs": normal(B, T, IN)}
+
+
+def scan_in_scan() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """An outer Scan over chunks whose body runs an Elman Scan over the chunk and emits the mean
+    of its steps, with axes that are an initializer of the main graph."""
+    inner, inits = elman_body("i_", "ih", "ix")
+    outer = oh.make_graph(
+        [
+            oh.make_node("Scan", ["oh", "ox"], ["oh_next", "ys"], body=inner, num_scan_inputs=1),
+            oh.make_node("ReduceMean", ["ys", "axis0"], ["y_mean"], keepdims=0),
+        ],
+        "outer_body", [info("oh", F32, [B, H]), info("ox", F32, [2, B, IN])],
+        [info("oh_next", F32, [B, H]), info("y_mean", F32, [B, H])],
+    )  # fmt: skip
+    scan = oh.make_node("Scan", ["h0", "xs"], ["h_last", "means"], body=outer, num_scan_inputs=1)
+    model = build(
+        [scan], [info("h0", F32, [B, H]), info("xs", F32, [T, 2, B, IN])],
+        outputs_of("h_last", "means"), [*inits, const("axis0", [0], np.int64)],
+    )  # fmt: skip
+    return model, {"h0": normal(B, H), "xs": normal(T, 2, B, IN)}
+
+
+def loop_in_scan() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A Scan whose body applies an Elman step twice in a Loop, reading the Scan's element from
+    the Loop body, and sums what the Loop stacked."""
+    nodes, (h_out, y), inits = instantiate(step("elman"), "b_", ["lh", "sx"])
+    loop_body = oh.make_graph(
+        [*nodes, oh.make_node("Identity", ["cond_in"], ["cond_out"])], "loop_body",
+        [info("i", I64, []), info("cond_in", BOOL, []), info("lh", F32, [B, H])],
+        [info("cond_out", BOOL, []), info(h_out, F32, [B, H]), info(y, F32, [B, H])],
+    )  # fmt: skip
+    scan_body = oh.make_graph(
+        [
+            oh.make_node("Loop", ["two", "", "sh"], ["sh_next", "stacked"], body=loop_body),
+            oh.make_node("ReduceSum", ["stacked", "axis0"], ["total"], keepdims=0),
+        ],
+        "scan_body", [info("sh", F32, [B, H]), info("sx", F32, [B, IN])],
+        [info("sh_next", F32, [B, H]), info("total", F32, [B, H])],
+    )  # fmt: skip
+    scan = oh.make_node("Scan", ["h0", "xs"], ["h_last", "totals"], body=scan_body,
+                        num_scan_inputs=1)  # fmt: skip
+    extra = [const("two", 2, np.int64), const("axis0", [0], np.int64)]
+    model = build(
+        [scan], [info("h0", F32, [B, H]), info("xs", F32, [T, B, IN])],
+        outputs_of("h_last", "totals"), [*inits, *extra],
+    )  # fmt: skip
+    return model, {"h0": normal(B, H), "xs": normal(T, B, IN)}
+
+
+def scan_in_loop() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A Loop of three iterations whose body runs an Elman Scan over a sequence of the main
+    graph and halves its last state."""
+    inner, inits = elman_body("n_", "sh", "sx")
+    body = oh.make_graph(
+        [
+            oh.make_node("Scan", ["lh", "xs"], ["lh_scanned", "ys"], body=inner,
+                         num_scan_inputs=1),
+            oh.make_node("ReduceSum", ["ys", "axis0"], ["ysum"], keepdims=0),
+            oh.make_node("Mul", ["lh_scanned", "half"], ["lh_next"]),
+            oh.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "loop_body", [info("i", I64, []), info("cond_in", BOOL, []), info("lh", F32, [B, H])],
+        [info("cond_out", BOOL, []), info("lh_next", F32, [B, H]), info("ysum", F32, [B, H])],
+    )  # fmt: skip
+    loop = oh.make_node("Loop", ["three", "yes", "h0"], ["h_last", "sums"], body=body)
+    extra = [
+        const("three", 3, np.int64), const("yes", True), const("axis0", [0], np.int64),
+        const("half", 0.5, np.float32),
+    ]  # fmt: skip
+    model = build(
+        [loop], [info("xs", F32, [T, B, IN]), info("h0", F32, [B, H])],
+        [info("h_last", F32, [B, H]), info("sums", F32, [3, B, H])], [*inits, *extra],
+    )  # fmt: skip
+    return model, {"xs": normal(T, B, IN), "h0": normal(B, H)}
+
+
+LOOP_CASES = {
+    "scan-elman": scan_elman,
+    "scan-lstm-reverse-batch-first": scan_lstm_reverse_batch_first,
+    "scan-in-scan": scan_in_scan,
+    "loop-in-scan": loop_in_scan,
+    "scan-in-loop": scan_in_loop,
+}
+
+
+@functools.cache
+def loop_case(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    return LOOP_CASES[name]()
+
+
+def real_model(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    if name in TORCH_CASES:
+        return exported(name), torch_feeds(name)
+    return loop_case(name)
+
+
+# Where a model cannot be expressed at an opset, the message of the refusal.
+REAL_REFUSALS = {
+    # x >= y is GreaterOrEqual, whose ONNX definition needs Equal; without IsNaN, Equal on
+    # floats cannot tell NaN apart
+    ("misc", 8): "cannot convert Equal (node 'node_ge_Equal') from opset 11 to opset 10: "
+    "comparing float values exactly needs IsNaN, which exists from opset 9 on",
+    # GELU is x * (1 + erf(x / sqrt 2)) / 2, and no opset-8 operator computes erf
+    ("gelu", 8): "cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf does not "
+    "exist before opset 9 and its inputs are not constants",
+    # the loop condition compares int64 counters, which Less-7 takes as floats only, and a float
+    # does not hold every int64
+    ("while-loop", 8): "cannot convert Less (node 'node_lt') from opset 9 to opset 8: 'zeros' is "
+    "of type int64, which Less-7 does not allow (it allows double, float, float16), and no wider "
+    "type it allows holds every value exactly",
+}
+
+REAL_CASES = [*TORCH_CASES, *LOOP_CASES]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("name", REAL_CASES)
+def test_real_models_convert_to_every_opset(name: str, target: int) -> None:
+    model, feeds = real_model(name)
+    refusal = REAL_REFUSALS.get((name, target))
+    if refusal is not None:
+        with pytest.raises(OpsetConversionError) as raised:
+            convert_model(model, target)
+        assert str(raised.value) == refusal
+        return
+    assert_converts(model, feeds, target)
+
+
+@pytest.mark.parametrize("name", ["elman", "cond", "scan-in-loop", "loop-in-scan"])
+def test_input_model_is_not_changed(name: str) -> None:
+    model, _ = real_model(name)
+    before = model.SerializeToString(deterministic=True)
+    for target in (17, 10, 8):
+        convert_model(model, target)
+    assert model.SerializeToString(deterministic=True) == before
+
+
+# -- Slice with bounds known only at run time -----------------------------------------------------
+
+INT64_MAX = np.iinfo(np.int64).max
+BOUNDS = [0, 1, 3, 5, 7, -1, -3, -5, -7, INT64_MAX, -INT64_MAX, INT64_MIN]
+
+
+def runtime_slice(step: int, length: int | str) -> onnx.ModelProto:
+    """``data[start:end:step]`` on axis 0, with ``start`` and ``end`` inputs of the model, as
+    torch.onnx exports ``x[: x.shape[0] - k]`` and flips of an axis of dynamic length."""
+    return build(
+        [oh.make_node("Slice", ["data", "start", "end", "axes", "steps"], ["sliced"])],
+        [info("data", F32, [length, 2]), info("start", I64, [1]), info("end", I64, [1])],
+        [info("sliced", F32)],
+        [const("axes", [0], np.int64), const("steps", [step], np.int64)],
+    )
+
+
+def spec_slice(data: np.ndarray, start: int, end: int, step: int) -> np.ndarray:
+    """Slice-10 on axis 0 as its specification states it: negative bounds count from the back,
+    then ``start`` is clamped to [0, dim] for a positive step and [0, dim - 1] for a negative
+    one, ``end`` to [0, dim] and [-1, dim - 1]. (onnxruntime departs from it for an ``end`` of
+    INT64_MAX with a negative step, which it takes to mean the front of the axis.)"""
+    dim = len(data)
+    start, end = (b + dim if b < 0 else b for b in (start, end))
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+    else:
+        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return data[list(range(start, end, step))]
+
+
+@pytest.mark.parametrize("target", [9, 8], ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("length", [5, "n"], ids=["static", "dynamic"])
+@pytest.mark.parametrize("step", [1, 2, -1, -2])
+def test_slice_bounds_computed_at_run_time(step: int, length: int | str, target: int) -> None:
+    """Slice-1 takes its bounds as attributes: the converted model clamps them as Slice-10 does
+    and gathers the indices they select."""
+    lowered = converted(runtime_slice(step, length), target)
+    data = normal(5, 2)
+    for start, end in itertools.product(BOUNDS, BOUNDS):
+        feeds = {"data": data, "start": np.array([start]), "end": np.array([end])}
+        assert_same([spec_slice(data, start, end, step)], run(lowered, feeds))
+
+
+def test_flip_of_a_dynamic_axis_converts_to_opset_9() -> None:
+    model = runtime_slice(-1, "n")
+    model.graph.node[0].input[1:3] = ["minus_one", "minus_max"]
+    model.graph.input.pop()
+    model.graph.input.pop()
+    model.graph.initializer.extend(
+        [const("minus_one", [-1], np.int64), const("minus_max", [-INT64_MAX], np.int64)]
+    )
+    for target in (9, 8):
+        lowered = converted(model, target)
+        for n in (0, 1, 4):
+            data = normal(n, 2)
+            assert_same([data[::-1]], run(lowered, {"data": data}))
