@@ -177,8 +177,8 @@ class ScanInLoop(torch.nn.Module):
         return torchscan.loop(body, h, trip_count=3)
 
 
-# onnx.reference cannot run a Loop that runs no iteration (see _runtimes.Loop): the
-# reference_lengths of a case leave out the inputs that run none.
+# onnx.reference cannot run a Loop that runs no iteration (torchscan.onnx._compare._spec_loop):
+# the reference_lengths of a case leave out the inputs that run none.
 CASES: dict[str, Case] = {
     "for-static": Case(ForStatic, sequence_and_state, lambda: None, {"Loop": 1}, run_lengths=()),
     "for-sequence": Case(ForSequence, sequence_and_state, dynamic_first(2), {"Loop": 1}),

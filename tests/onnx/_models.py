@@ -35,7 +35,8 @@ class Case:
     export_length: int = 3
     run_lengths: tuple[int, ...] = (1, 6)
     reference_lengths: tuple[int, ...] | None = None
-    """The run lengths onnx.reference can run, where they differ (see _runtimes.Loop)."""
+    """The run lengths onnx.reference can run, where they differ: it cannot run a Loop that runs
+    no iteration (torchscan.onnx._compare._spec_loop)."""
 
 
 def time_major(*feature_shapes: tuple[int, ...]):

@@ -5,6 +5,7 @@ needs to turn every ``torchscan.scan`` into one ONNX ``Scan`` node of the versio
 ``v``. This package holds the version table and the pieces torch.onnx calls.
 """
 
+from torchscan.onnx._compare import check as check
 from torchscan.onnx._hoist import hoist_loop_invariants as hoist_loop_invariants
 from torchscan.onnx._opsets import (
     LOOP_VERSIONS as LOOP_VERSIONS,
@@ -23,12 +24,23 @@ from torchscan.onnx._opsets import (
 )
 from torchscan.onnx._options import ExportOptions as ExportOptions
 from torchscan.onnx._options import export_options as export_options
+from torchscan.onnx._report import CheckedNode as CheckedNode
+from torchscan.onnx._report import CheckReport as CheckReport
+from torchscan.onnx._report import Comparison as Comparison
+from torchscan.onnx._report import Finding as Finding
+from torchscan.onnx._report import OutputDiff as OutputDiff
 
 __all__ = [
     "LOOP_VERSIONS",
     "SCAN_VERSIONS",
+    "CheckReport",
+    "CheckedNode",
+    "Comparison",
     "ExportOptions",
+    "Finding",
     "OpVersion",
+    "OutputDiff",
+    "check",
     "export_options",
     "hoist_loop_invariants",
     "loop_version",

@@ -1,0 +1,664 @@
+"""``torchscan.onnx.check`` running models: ONNX's own test cases, exports, errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, numpy_helper
+from onnx import helper as oh
+from torch._higher_order_ops.scan import scan as hop_scan
+
+import torchscan
+import torchscan.onnx
+from torchscan.onnx import _compare
+
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+
+# Every node test case of onnx 1.23 whose model has a Scan or a Loop, bodies included.
+BACKEND_CASES = [
+    "test_scan_sum",
+    "test_scan9_sum",
+    "test_scan9_multi_state",
+    "test_scan9_scalar",
+    "test_loop11",
+    "test_loop13_seq",
+    "test_loop16_seq_none",
+    "test_range_float_type_positive_delta_expanded",
+    "test_range_float16_type_positive_delta_expanded",
+    "test_range_bfloat16_type_positive_delta_expanded",
+    "test_range_int32_type_negative_delta_expanded",
+    "test_sequence_map_identity_1_sequence_expanded",
+    "test_sequence_map_identity_2_sequences_expanded",
+    "test_sequence_map_identity_1_sequence_1_tensor_expanded",
+    "test_sequence_map_add_2_sequences_expanded",
+    "test_sequence_map_add_1_sequence_1_tensor_expanded",
+    "test_sequence_map_extract_shapes_expanded",
+    "test_linear_attention_linear_expanded",
+    "test_linear_attention_gated_expanded",
+    "test_linear_attention_gated_per_head_decay_expanded",
+    "test_linear_attention_delta_expanded",
+    "test_linear_attention_gated_delta_expanded",
+    "test_linear_attention_gated_delta_beta_scalar_expanded",
+    "test_linear_attention_gated_delta_gqa_expanded",
+    "test_linear_attention_gated_delta_mqa_expanded",
+    "test_linear_attention_decode_step_expanded",
+    "test_linear_attention_prefill_with_past_expanded",
+    "test_linear_attention_no_past_explicit_zeros_expanded",
+    "test_linear_attention_explicit_scale_expanded",
+    "test_linear_attention_fp16_expanded",
+    "test_linear_attention_linear_t1_no_past_expanded",
+]
+
+
+@functools.cache
+def backend_cases() -> dict:
+    """onnx's node test cases (models, inputs, outputs; nothing downloaded), by name."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # the generators of other cases overflow on purpose
+        return {case.name: case for case in collect_testcases(None) if case.model is not None}
+
+
+def _has_loop(graph: onnx.GraphProto) -> bool:
+    return any(
+        node.op_type in ("Scan", "Loop")
+        or any(
+            _has_loop(g) for a in node.attribute for g in ([a.g] if a.HasField("g") else a.graphs)
+        )
+        for node in graph.node
+    )
+
+
+def test_the_backend_cases_are_all_the_scan_and_loop_cases() -> None:
+    found = [name for name, case in backend_cases().items() if _has_loop(case.model.graph)]
+    assert sorted(found) == sorted(BACKEND_CASES)
+
+
+@pytest.mark.parametrize("name", BACKEND_CASES)
+def test_an_onnx_backend_case_passes_lint_and_matches_its_expected_outputs(name: str) -> None:
+    case = backend_cases()[name]
+    inputs, outputs = case.data_sets[0]
+    report = torchscan.onnx.check(case.model, inputs=list(inputs), expected=list(outputs))
+    assert report.ok, report
+    assert report.findings == ()
+    statuses = {c.source: c.status for c in report.comparisons}
+    reference = "unsupported" if name == "test_scan_sum" else "ok"  # Scan-8
+    assert statuses == {"expected": "baseline", "onnxruntime": "ok", "reference": reference}
+
+
+def test_a_case_folder_is_read_with_its_expected_outputs(tmp_path: Path) -> None:
+    case = backend_cases()["test_loop13_seq"]
+    write_case(tmp_path, case.model, *case.data_sets[0])
+    report = torchscan.onnx.check(tmp_path / "model.onnx", inputs=tmp_path)
+    assert report.ok, report
+    assert report.comparisons[0].source == "expected"
+    assert report.inputs[0] == f"source: {tmp_path}"
+
+
+def write_case(folder: Path, model: onnx.ModelProto, inputs: list, outputs: list) -> None:
+    """A test case folder as ONNX's backend tests lay it out."""
+    onnx.save(model, folder / "model.onnx")
+    data = folder / "test_data_set_0"
+    data.mkdir()
+    for prefix, values, infos in (
+        ("input", inputs, model.graph.input),
+        ("output", outputs, model.graph.output),
+    ):
+        for i, (value, info) in enumerate(zip(values, infos, strict=True)):
+            if info.type.HasField("sequence_type"):
+                proto = numpy_helper.from_list([np.asarray(v) for v in value], info.name)
+            else:
+                proto = numpy_helper.from_array(np.asarray(value), info.name)
+            (data / f"{prefix}_{i}.pb").write_bytes(proto.SerializeToString())
+
+
+# --- exported models ---------------------------------------------------------------------------
+
+
+class HopRNN(torch.nn.Module):
+    """An RNN written with torch's own ``scan`` higher-order operator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.RNNCell(3, 4)
+
+    def forward(self, xs: torch.Tensor, h: torch.Tensor):
+        def step(h, x):
+            h = self.cell(x, h)
+            return h, h.clone()
+
+        return hop_scan(step, h, xs)
+
+
+class ScanGRU(torch.nn.Module):
+    """A batch-first GRU written with ``torchscan.scan``, in reverse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.GRUCell(3, 4)
+
+    def forward(self, xs: torch.Tensor, h: torch.Tensor):
+        def step(h, x):
+            h = self.cell(x, h)
+            return h, h
+
+        return torchscan.scan(step, h, xs, axis=1, reverse=True)
+
+
+def _export(module: torch.nn.Module, args: tuple, time_axis: int) -> onnx.ModelProto:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        time = torch.export.Dim("T", min=1)
+        program = torch.onnx.export(
+            module, args, dynamo=True, dynamic_shapes=({time_axis: time}, None), verbose=False
+        )
+    return program.model_proto
+
+
+@pytest.fixture(scope="session")
+def hop_export() -> tuple[torch.nn.Module, tuple, onnx.ModelProto]:
+    torch.manual_seed(0)
+    module = HopRNN().eval()
+    args = (torch.randn(5, 2, 3), torch.zeros(2, 4))
+    return module, args, _export(module, args, 0)
+
+
+@pytest.fixture(scope="session")
+def torchscan_export() -> tuple[torch.nn.Module, tuple, onnx.ModelProto]:
+    torch.manual_seed(0)
+    module = ScanGRU().eval()
+    args = (torch.randn(2, 5, 3), torch.randn(2, 4))
+    return module, args, _export(module, args, 1)
+
+
+def test_a_torch_hop_scan_export_agrees_with_pytorch_in_both_runtimes(hop_export) -> None:
+    module, args, model = hop_export
+    report = torchscan.onnx.check(model, module=module, args=args)
+    assert report.ok, report
+    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok"]
+    assert [c.source for c in report.comparisons] == ["pytorch", "onnxruntime", "reference"]
+    assert all(d.max_abs < 1e-5 for c in report.comparisons[1:] for d in c.outputs)
+
+
+def test_a_torch_hop_scan_export_agrees_across_runtimes_on_random_inputs(hop_export) -> None:
+    _, _, model = hop_export
+    report = torchscan.onnx.check(model, dims={"T": 7})
+    assert report.ok, report
+    assert report.inputs == ("source: random (seed 0)", "xs: float32[7, 2, 3]", "h: float32[2, 4]")
+
+
+def test_a_torchscan_export_agrees_with_pytorch(torchscan_export) -> None:
+    module, args, model = torchscan_export
+    report = torchscan.onnx.check(model, module=module, args=args)
+    assert report.ok, report
+    onnxruntime = report.comparisons[1]
+    assert (onnxruntime.source, onnxruntime.against, onnxruntime.status) == (
+        "onnxruntime",
+        "pytorch",
+        "ok",
+    )
+    assert report.comparisons[2].status == "unsupported"
+    assert report.comparisons[2].reason == (
+        "onnx.reference runs Scan only along axis 0, forward (scan_input_axes)"
+    )
+
+
+def test_a_module_that_disagrees_is_a_mismatch(torchscan_export) -> None:
+    _, args, model = torchscan_export
+    torch.manual_seed(1)
+    other = ScanGRU().eval()  # other weights
+    report = torchscan.onnx.check(model, module=other, args=args, runtimes=("onnxruntime",))
+    assert not report.ok
+    (_, onnxruntime) = report.comparisons
+    assert onnxruntime.status == "mismatch"
+    assert all(not d.ok and d.max_abs > 1e-3 for d in onnxruntime.outputs)
+    assert report.summary() == "FAILED: onnxruntime mismatch"
+
+
+def test_random_dynamic_dimensions_get_sizes_of_their_own(torchscan_export) -> None:
+    _, _, model = torchscan_export
+    report = torchscan.onnx.check(model, runtimes=("onnxruntime",))
+    assert report.inputs == ("source: random (seed 0)", "xs: float32[2, 3, 3]", "h: float32[2, 4]")
+
+
+def test_a_zero_length_scan_is_not_supported_and_does_not_end_the_process(
+    torchscan_export,
+) -> None:
+    # onnxruntime 1.32 dies of SIGFPE on a zero-length scan along axis 1: it runs in a child.
+    _, _, model = torchscan_export
+    report = torchscan.onnx.check(model, dims={"T": 0})
+    assert report.ok, report
+    onnxruntime = report.comparisons[0]
+    assert onnxruntime.status == "unsupported"
+    assert onnxruntime.reason.startswith("an input has an empty dimension: ")
+
+
+def test_a_runtime_that_fails_on_a_broken_model_is_an_error() -> None:
+    from .test_lint import scan_model
+
+    # It runs in a child process, as the lint found fault with the model.
+    report = torchscan.onnx.check(scan_model(16, scan_input_axes=[2]), runtimes=("onnxruntime",))
+    assert not report.ok
+    assert [f.rule for f in report.findings] == ["scan-axis-range"]
+    (onnxruntime,) = report.comparisons
+    assert onnxruntime.status == "error"
+    assert "scan_input_axes axis value 2 is invalid for a tensor of rank 2" in onnxruntime.reason
+    assert report.summary() == "FAILED: 1 finding, onnxruntime error"
+
+
+def test_onnxruntime_does_not_run_int4() -> None:
+    body = oh.make_graph(
+        [oh.make_node("Identity", ["c_in"], ["c_out"]), oh.make_node("Identity", ["h_in"], ["h"])],
+        "body",
+        [_info("i", TensorProto.INT64, ()), _info("c_in", TensorProto.BOOL, ()), _info("h_in")],
+        [_info("c_out", TensorProto.BOOL, ()), _info("h")],
+    )
+    loop = oh.make_node("Loop", ["M", "", "h0"], ["hT"], body=body)
+    graph = oh.make_graph(
+        [loop], "main", [_info("M", TensorProto.INT64, ()), _info("h0")], [_info("hT")]
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
+    report = torchscan.onnx.check(model)
+    assert report.ok, report
+    statuses = {c.source: (c.status, c.reason) for c in report.comparisons}
+    assert statuses == {
+        "reference": ("baseline", ""),
+        "onnxruntime": ("unsupported", "onnxruntime has no CPU kernels for int4"),
+    }
+    assert report.summary() == (
+        "OK: 1 Scan/Loop node checked, no findings; too few sources ran the model to compare "
+        "outputs"
+    )
+
+
+def _info(name: str, elem: int = TensorProto.INT4, shape: tuple = (2,)) -> onnx.ValueInfoProto:
+    return oh.make_tensor_value_info(name, elem, shape)
+
+
+def test_expected_outputs_that_differ_are_a_mismatch_with_the_error() -> None:
+    case = backend_cases()["test_scan9_sum"]
+    inputs, (y, z) = case.data_sets[0]
+    wrong = z.copy()
+    wrong[1, 0] += 0.5
+    report = torchscan.onnx.check(case.model, inputs=list(inputs), expected={"y": y, "z": wrong})
+    assert not report.ok
+    onnxruntime = next(c for c in report.comparisons if c.source == "onnxruntime")
+    assert onnxruntime.status == "mismatch"
+    z_diff = onnxruntime.outputs[1]
+    assert (z_diff.name, z_diff.shape, z_diff.max_abs, z_diff.ok) == ("z", "(3, 2)", 0.5, False)
+    assert z_diff.max_rel == pytest.approx(0.5 / 4.5)
+
+
+def test_the_report_renders_as_tables_and_as_json() -> None:
+    case = backend_cases()["test_scan9_sum"]
+    inputs, outputs = case.data_sets[0]
+    report = torchscan.onnx.check(case.model, inputs=list(inputs), expected=list(outputs))
+    text = str(report)
+    assert text.startswith("torchscan check: <ModelProto> (opset 9)\n")
+    for piece in ("Scan and Loop nodes", "Outputs against expected (atol 1e-05, rtol 1e-05)"):
+        assert piece in text
+    assert text.endswith(
+        "OK: 1 Scan/Loop node checked, no findings; outputs agree across expected, onnxruntime, "
+        "reference\n"
+    )
+    data = json.loads(report.to_json())
+    assert data["ok"] is True
+    assert data["nodes"] == [{"node": "Scan #0", "op": "Scan-9"}]
+    assert data["comparisons"][1]["outputs"][0] == {
+        "name": "y",
+        "shape": "(2,)",
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "ok": True,
+        "note": "",
+    }
+
+
+def test_npz_inputs_are_read_by_name_or_position(tmp_path: Path) -> None:
+    case = backend_cases()["test_scan9_sum"]
+    (initial, x), _ = case.data_sets[0]
+    np.savez(tmp_path / "named.npz", initial=initial, x=x)
+    np.savez(tmp_path / "positional.npz", initial, x)
+    for name in ("named.npz", "positional.npz"):
+        report = torchscan.onnx.check(case.model, inputs=tmp_path / name)
+        assert report.ok, report
+        assert report.inputs[1:] == ("initial: float32[2]", "x: float32[3, 2]")
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        (np.array([1.0, np.nan]), np.array([1.0, np.nan]), (0.0, 0.0, True)),
+        (np.array([np.nan]), np.array([1.0]), (math.inf, math.inf, False)),
+        (np.array([np.inf]), np.array([np.inf]), (0.0, 0.0, True)),
+        (np.array([1.0]), np.array([0.0]), (1.0, math.inf, False)),
+        (np.array([2.0, 1.0]), np.array([1.0, 1.0]), (1.0, 1.0, False)),
+        (np.array([1.0 + 1e-6]), np.array([1.0]), (pytest.approx(1e-6), pytest.approx(1e-6), True)),
+        (np.array(["a"], dtype=object), np.array(["b"], dtype=object), (math.inf, math.inf, False)),
+        (np.array([True]), np.array([True]), (0.0, 0.0, True)),
+    ],
+    ids=["nan-nan", "nan-1", "inf-inf", "1-0", "2-1", "within", "strings", "bools"],
+)
+def test_errors_are_largest_absolute_and_relative(a, b, expected) -> None:
+    assert _compare._errors(a, b, 1e-5, 1e-5) == expected
+
+
+def _model_without_loops() -> onnx.ModelProto:
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "mlp",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, (2,))],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, (2,))],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def _with_input(type_proto: onnx.TypeProto) -> onnx.ModelProto:
+    """test_scan9_sum with one more input, 'm', that it does not read."""
+    model = onnx.ModelProto()
+    model.CopyFrom(_scan9())
+    model.graph.input.append(oh.make_value_info("m", type_proto))
+    return model
+
+
+def _map_type() -> onnx.TypeProto:
+    return oh.make_map_type_proto(TensorProto.INT64, oh.make_tensor_type_proto(1, (2,)))
+
+
+def _sparse_type() -> onnx.TypeProto:
+    return oh.make_sparse_tensor_type_proto(TensorProto.FLOAT, (2,))
+
+
+def _scan9() -> onnx.ModelProto:
+    return backend_cases()["test_scan9_sum"].model
+
+
+def _files(tmp_path: Path) -> dict[str, Path]:
+    """Files the error cases read: each kind of bad model, and inputs."""
+    model = _scan9().SerializeToString()
+    files = {
+        "empty.onnx": b"",
+        "notes.txt": b"hello, this is not a model\n",
+        "cut.onnx": model[: len(model) // 2],
+        "mlp.onnx": _model_without_loops().SerializeToString(),
+        "scan.onnx": model,
+        "inputs.txt": b"1 2 3",
+        "bad.npz": b"PK not a zip",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    with_weights = onnx.ModelProto()
+    with_weights.CopyFrom(_scan9())
+    with_weights.graph.initializer.append(numpy_helper.from_array(np.ones(4, np.float32), "w"))
+    onnx.save(
+        with_weights,
+        tmp_path / "weights.onnx",
+        save_as_external_data=True,
+        location="absent.bin",
+        size_threshold=0,
+    )
+    (tmp_path / "absent.bin").unlink()
+    np.savez(tmp_path / "extra.npz", initial=np.zeros(2, np.float32), x=np.zeros((3, 2)), z=1)
+    np.savez(tmp_path / "missing.npz", initial=np.zeros(2, np.float32))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "input_0.pb").write_bytes(
+        numpy_helper.from_array(np.zeros(2)).SerializeToString()
+    )
+    (tmp_path / "garbage").mkdir()
+    for i in range(2):
+        (tmp_path / "garbage" / f"input_{i}.pb").write_bytes(b"\xff\xff\xff")
+    onnx.save(_with_input(_map_type()), tmp_path / "map.onnx")
+    (tmp_path / "maps").mkdir()
+    (tmp_path / "maps" / "input_0.pb").write_bytes(
+        numpy_helper.from_array(np.zeros(2)).SerializeToString()
+    )
+    (tmp_path / "maps" / "input_1.pb").write_bytes(
+        numpy_helper.from_array(np.zeros(2)).SerializeToString()
+    )
+    (tmp_path / "maps" / "input_2.pb").write_bytes(b"")
+    more = ["extra.npz", "missing.npz", "folder", "weights.onnx", "one", "garbage", "map.onnx"]
+    more.append("maps")
+    return {name: tmp_path / name for name in [*files, *more]}
+
+
+CHECK_ERRORS: dict[str, tuple[Callable[[dict], object], type, str]] = {
+    "missing model": (
+        lambda f: torchscan.onnx.check(f["folder"] / "nope.onnx"),
+        FileNotFoundError,
+        "{folder}/nope.onnx: no such file",
+    ),
+    "folder as model": (
+        lambda f: torchscan.onnx.check(f["folder"]),
+        ValueError,
+        "{folder}: is a folder, not an ONNX model file",
+    ),
+    "empty model": (
+        lambda f: torchscan.onnx.check(f["empty.onnx"]),
+        ValueError,
+        "{empty.onnx}: is empty, not an ONNX model",
+    ),
+    "not onnx": (
+        lambda f: torchscan.onnx.check(f["notes.txt"]),
+        ValueError,
+        "{notes.txt}: is not an ONNX model (byte 0 does not start a field of ModelProto)",
+    ),
+    "truncated": (
+        lambda f: torchscan.onnx.check(f["cut.onnx"]),
+        ValueError,
+        "{cut.onnx}: is truncated: its graph field declares 331 bytes, but the file ends 159 "
+        "bytes into it",
+    ),
+    "no loop": (
+        lambda f: torchscan.onnx.check(f["mlp.onnx"]),
+        ValueError,
+        "{mlp.onnx}: has no Scan or Loop node; there is nothing to check",
+    ),
+    "missing external data": (
+        lambda f: torchscan.onnx.check(f["weights.onnx"]),
+        ValueError,
+        "{weights.onnx}: cannot read its external data: ",
+    ),
+    "no graph": (
+        lambda f: torchscan.onnx.check(b"\x08\x07"),
+        ValueError,
+        "<bytes>: is not an ONNX model (it has no graph)",
+    ),
+    "model type": (
+        lambda f: torchscan.onnx.check(3),
+        TypeError,
+        "model is a path, bytes or an onnx.ModelProto, not int",
+    ),
+    "missing inputs": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["folder"] / "in.npz"),
+        FileNotFoundError,
+        "{folder}/in.npz: no such file",
+    ),
+    "inputs not npz": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["inputs.txt"]),
+        ValueError,
+        "{inputs.txt}: cannot read inputs from it: expected a .npz file or a folder of "
+        "input_*.pb files",
+    ),
+    "bad npz": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["bad.npz"]),
+        ValueError,
+        "{bad.npz}: cannot read arrays from it (",
+    ),
+    "extra input": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["extra.npz"]),
+        ValueError,
+        "the arrays of {extra.npz} give values for 'z', which the model has no input for; its "
+        "inputs are: "
+        "initial, x",
+    ),
+    "missing input": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["missing.npz"]),
+        ValueError,
+        "the arrays of {missing.npz} give no value for model input 'x'; its inputs are: initial, x",
+    ),
+    "input count": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=[np.zeros(2)]),
+        ValueError,
+        "the inputs give 1 values, but the model has 2 inputs: initial, x",
+    ),
+    "folder without inputs": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["folder"]),
+        ValueError,
+        "{folder}: has no input_*.pb files and no test_data_set_* folder",
+    ),
+    "too few pb files": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["one"]),
+        ValueError,
+        "{one}: has 1 input_*.pb files, but the model has 2 inputs",
+    ),
+    "bad pb file": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["garbage"]),
+        ValueError,
+        "{garbage}/input_0.pb: is not a TensorProto (",
+    ),
+    "map input": (
+        lambda f: torchscan.onnx.check(f["map.onnx"]),
+        ValueError,
+        "{map.onnx}: onnx_ir cannot read the model to lint it: Map types are not supported yet.",
+    ),
+    "pb file of a sparse tensor": (
+        lambda f: _compare.read_inputs(f["maps"], _with_input(_sparse_type())),
+        ValueError,
+        "{maps}/input_2.pb: cannot read a value of type sparse_tensor_type from it",
+    ),
+    "random sparse tensor": (
+        lambda f: _compare.random_inputs(_with_input(_sparse_type()), {}),
+        ValueError,
+        "input 'm' is of type sparse_tensor_type: give its values with inputs",
+    ),
+    "expected count": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], expected=[np.zeros(2)]),
+        ValueError,
+        "expected holds 1 values, but the model has 2 outputs",
+    ),
+    "expected name": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], expected={"y": np.zeros(2)}),
+        ValueError,
+        "expected has no value for model output 'z'",
+    ),
+    "unknown dim": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], dims={"T": 3}),
+        ValueError,
+        "dims sets 'T', which is not a dynamic dimension of the model's inputs; theirs are: none",
+    ),
+    "dims with inputs": (
+        lambda f: torchscan.onnx.check(
+            f["scan.onnx"], inputs=[np.zeros(2), np.zeros(3)], dims={"T": 3}
+        ),
+        ValueError,
+        "dims sets the sizes of random inputs, but the inputs were given",
+    ),
+    "module without args": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], module=torch.nn.Identity()),
+        ValueError,
+        "module was given without args: PyTorch runs module(*args)",
+    ),
+    "args without module": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], args=(1,)),
+        ValueError,
+        "args was given without module: PyTorch runs module(*args)",
+    ),
+    "args count": (
+        lambda f: torchscan.onnx.check(
+            f["scan.onnx"], module=torch.nn.Identity(), args=(torch.zeros(2),)
+        ),
+        ValueError,
+        "args hold 1 tensors, but the model has 2 inputs (initial, x); give the model's inputs "
+        "with inputs",
+    ),
+    "unknown runtime": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], runtimes=("tensorrt",)),
+        ValueError,
+        "unknown runtime 'tensorrt'; the runtimes are onnxruntime, reference",
+    ),
+    "runtimes as a string": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], runtimes="onnxruntime"),
+        ValueError,
+        "runtimes is a sequence of names, not the string 'onnxruntime'",
+    ),
+    "negative atol": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], atol=-1.0),
+        ValueError,
+        "atol must be a finite number at least 0, not -1.0",
+    ),
+    "nan rtol": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], rtol=math.nan),
+        ValueError,
+        "rtol must be a finite number at least 0, not nan",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECK_ERRORS))
+def test_bad_input_raises_a_clear_error(case: str, tmp_path: Path) -> None:
+    call, error, message = CHECK_ERRORS[case]
+    files = _files(tmp_path)
+    expected = message
+    for name, path in files.items():
+        expected = expected.replace("{" + name + "}", str(path))
+    with pytest.raises(error) as raised:
+        call(files)
+    assert str(raised.value).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("dims", "message"),
+    [
+        ({"N": -1}, "dims sets 'N' to -1, not a size (an int at least 0)"),
+        ({"N": 2.5}, "dims sets 'N' to 2.5, not a size (an int at least 0)"),
+    ],
+    ids=["negative", "float"],
+)
+def test_a_bad_dimension_size_is_refused(dims: dict, message: str) -> None:
+    graph = oh.make_graph(
+        [oh.make_node("Scan", ["x"], ["y"], num_scan_inputs=1, body=_identity_body())],
+        "main",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ("N",))],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ("N",))],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        torchscan.onnx.check(model, dims=dims)
+
+
+def test_an_input_without_a_shape_cannot_be_made_up() -> None:
+    graph = oh.make_graph(
+        [oh.make_node("Scan", ["x"], ["y"], num_scan_inputs=1, body=_identity_body())],
+        "main",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
+    with pytest.raises(
+        ValueError, match=r"^input 'x' has no shape \(not even a rank\): give its values$"
+    ):
+        torchscan.onnx.check(model)
+
+
+def _identity_body() -> onnx.GraphProto:
+    return oh.make_graph(
+        [oh.make_node("Identity", ["e"], ["f"])],
+        "body",
+        [oh.make_tensor_value_info("e", TensorProto.FLOAT, ())],
+        [oh.make_tensor_value_info("f", TensorProto.FLOAT, ())],
+    )

@@ -1,0 +1,180 @@
+"""The ``torchscan`` command, run as users run it: ``python -m torchscan check ...``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tomllib
+from onnx import TensorProto, numpy_helper
+from onnx import helper as oh
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def torchscan(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchscan", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def scan_model(axis: int = 0) -> onnx.ModelProto:
+    """``h, ys = scan(h + x)`` over x of shape (T, 2), T dynamic, along ``axis``."""
+    info = oh.make_tensor_value_info
+    body = oh.make_graph(
+        [oh.make_node("Add", ["h", "x"], ["h2"]), oh.make_node("Identity", ["h2"], ["y"])],
+        "body",
+        [info("h", TensorProto.FLOAT, (2,)), info("x", TensorProto.FLOAT, (2,))],
+        [info("h2", TensorProto.FLOAT, (2,)), info("y", TensorProto.FLOAT, (2,))],
+    )
+    node = oh.make_node(
+        "Scan", ["h0", "xs"], ["hT", "ys"], body=body, num_scan_inputs=1, scan_input_axes=[axis]
+    )
+    graph = oh.make_graph(
+        [node],
+        "main",
+        [info("h0", TensorProto.FLOAT, (2,)), info("xs", TensorProto.FLOAT, ("T", 2))],
+        [info("hT", TensorProto.FLOAT, (2,)), info("ys", TensorProto.FLOAT, ("T", 2))],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    onnx.save(scan_model(), tmp_path / "scan.onnx")
+    onnx.save(scan_model(axis=5), tmp_path / "broken.onnx")
+    data = scan_model().SerializeToString()
+    (tmp_path / "cut.onnx").write_bytes(data[: len(data) // 2])
+    (tmp_path / "notes.onnx").write_text("not a model\n")
+    relu = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "mlp",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, (2,))],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, (2,))],
+    )
+    onnx.save(oh.make_model(relu, opset_imports=[oh.make_opsetid("", 17)]), tmp_path / "mlp.onnx")
+    return tmp_path
+
+
+def test_a_clean_model_exits_0_with_a_table(files: Path) -> None:
+    done = torchscan("check", "scan.onnx", cwd=files)
+    assert done.returncode == 0, done.stderr
+    assert "Scan and Loop nodes" in done.stdout
+    assert done.stdout.rstrip().endswith(
+        "OK: 1 Scan/Loop node checked, no findings; outputs agree across onnxruntime, reference"
+    )
+    assert done.stderr == ""
+
+
+def test_a_model_with_findings_exits_1(files: Path) -> None:
+    done = torchscan("check", "broken.onnx", "--lint-only", cwd=files)
+    assert done.returncode == 1, done.stderr
+    assert "scan-axis-range" in done.stdout
+    assert done.stdout.rstrip().endswith("FAILED: 1 finding")
+
+
+def test_outputs_that_disagree_with_the_expected_ones_exit_1(files: Path) -> None:
+    data = files / "test_data_set_0"
+    data.mkdir()
+    xs = np.arange(6, dtype=np.float32).reshape(3, 2)
+    h0 = np.zeros(2, np.float32)
+    values = {
+        "input_0": (h0, "h0"),
+        "input_1": (xs, "xs"),
+        "output_0": (xs.sum(0), "hT"),
+        "output_1": (np.cumsum(xs, 0) + 1, "ys"),  # one off
+    }
+    for name, (value, tensor) in values.items():
+        (data / f"{name}.pb").write_bytes(
+            numpy_helper.from_array(value, tensor).SerializeToString()
+        )
+    done = torchscan("check", "scan.onnx", "--inputs", files, "--json", cwd=files)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is False
+    statuses = {c["source"]: c["status"] for c in report["comparisons"]}
+    assert statuses == {"expected": "baseline", "onnxruntime": "mismatch", "reference": "mismatch"}
+    ys = report["comparisons"][1]["outputs"][1]
+    assert (ys["name"], ys["max_abs"], ys["ok"]) == ("ys", 1.0, False)
+
+
+def test_json_output_parses_and_dims_set_random_inputs(files: Path) -> None:
+    done = torchscan("check", "scan.onnx", "--json", "--dim", "T=4", "--atol", "0.001", cwd=files)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    assert report["atol"] == 0.001
+    assert report["inputs"] == ["source: random (seed 0)", "h0: float32[2]", "xs: float32[4, 2]"]
+    assert report["findings"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["missing.onnx"], "torchscan check: error: missing.onnx: no such file"),
+        (
+            ["notes.onnx"],
+            "torchscan check: error: notes.onnx: is not an ONNX model (byte 0 does not start a "
+            "field of ModelProto)",
+        ),
+        (
+            ["cut.onnx"],
+            "torchscan check: error: cut.onnx: is truncated: its graph field declares 285 bytes, "
+            "but the file ends 143 bytes into it",
+        ),
+        (
+            ["mlp.onnx"],
+            "torchscan check: error: mlp.onnx: has no Scan or Loop node; there is nothing to check",
+        ),
+        (
+            ["scan.onnx", "--inputs", "inputs.npz"],
+            "torchscan check: error: inputs.npz: no such file",
+        ),
+    ],
+    ids=["missing", "not-onnx", "truncated", "no-loop", "missing-inputs"],
+)
+def test_unreadable_input_exits_2_with_one_line(files: Path, args: list[str], line: str) -> None:
+    done = torchscan("check", *args, cwd=files)
+    assert done.returncode == 2
+    assert done.stderr == line + "\n"
+    assert done.stdout == ""
+
+
+def test_a_malformed_dim_exits_2(files: Path) -> None:
+    done = torchscan("check", "scan.onnx", "--dim", "T", cwd=files)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        "torchscan check: error: argument --dim: expected NAME=SIZE with SIZE a whole number, "
+        "not 'T'"
+    )
+
+
+def test_no_command_prints_the_help_and_exits_2(files: Path) -> None:
+    done = torchscan(cwd=files)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: torchscan [-h] COMMAND ...")
+
+
+def test_the_script_entry_point_is_the_cli() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["torchscan"].partition(":")
+    assert getattr(importlib.import_module(module), function).__name__ == "main"
+
+
+def test_importing_torchscan_and_its_cli_imports_no_onnx() -> None:
+    code = (
+        "import sys, torchscan, torchscan._cli\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "[]", done.stderr

@@ -1,0 +1,261 @@
+"""What ``torchscan.onnx.check`` found: lint findings, runtime comparisons, and their rendering.
+
+The report is plain frozen data, so that it can be compared in tests, turned into JSON for other
+tools, and rendered as tables by ``rich`` (``print(report)`` or ``rich.print(report)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.table import Table
+from rich.text import Text
+
+OK = "ok"
+MISMATCH = "mismatch"
+UNSUPPORTED = "unsupported"
+ERROR = "error"
+BASELINE = "baseline"
+_FAILING = (MISMATCH, ERROR)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One rule of the ONNX specification that one ``Scan`` or ``Loop`` node breaks.
+
+    Attributes:
+      node: the node, with its path through the bodies that hold it, as in
+        ``"Loop 'outer' > body > Scan #0"`` (``#i``: the i-th node of its graph, for a node
+        without a name).
+      op: the operator version in force for the node, as in ``"Scan-9"``.
+      rule: the rule's id, as in ``"scan-axis-range"``; ``docs/check.md`` lists them all.
+      message: what is wrong, naming the values involved.
+      spec: the sentence of the specification the rule comes from, quoted.
+      source: where the quote is, as in ``"Scan-11, attribute scan_input_axes"``.
+    """
+
+    node: str
+    op: str
+    rule: str
+    message: str
+    spec: str
+    source: str
+
+    def __str__(self) -> str:
+        where = f"{self.node} ({self.op}) [{self.rule}]"
+        return f"{where}: {self.message} Spec ({self.source}): “{self.spec}”"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedNode:
+    """One ``Scan`` or ``Loop`` node that was checked: its path and the version in force."""
+
+    node: str
+    op: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputDiff:
+    """How far one output of one runtime is from the same output of the baseline.
+
+    Attributes:
+      name: the model's name for the output.
+      shape: the output's shape as text (``"(3, 2)"``, or ``"seq[2]"`` for a sequence).
+      max_abs: the largest absolute difference, ``math.inf`` where values cannot be compared
+        (a NaN on one side only, an infinity against a finite value), None where the shapes,
+        types or sequence lengths differ.
+      max_rel: the largest difference relative to the baseline's value, over the elements where
+        that value is not zero (an element that differs from a zero counts as ``math.inf``).
+      ok: whether every element ``a`` is within ``atol + rtol * |b|`` of the baseline's ``b``
+        (NaNs in the same places agree), with the same shape and element type.
+      note: why the output does not agree, where it is not a matter of tolerance.
+    """
+
+    name: str
+    shape: str
+    max_abs: float | None
+    max_rel: float | None
+    ok: bool
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One source of outputs (a runtime, or eager PyTorch) held against the baseline.
+
+    Attributes:
+      source: ``"onnxruntime"``, ``"reference"`` (``onnx.reference.ReferenceEvaluator``),
+        ``"pytorch"`` or ``"expected"``.
+      against: the baseline's source; ``source`` itself for the baseline, and empty where no
+        source gave outputs.
+      status: ``"ok"``, ``"mismatch"`` (an output out of tolerance), ``"unsupported"`` (the
+        runtime does not run this model; not a failure), ``"error"`` (it failed otherwise) or
+        ``"baseline"``.
+      reason: for ``"unsupported"`` and ``"error"``, why, in one line.
+      outputs: one entry per output compared.
+    """
+
+    source: str
+    against: str
+    status: str
+    reason: str = ""
+    outputs: tuple[OutputDiff, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """False for a mismatch or an error, True otherwise."""
+        return self.status not in _FAILING
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckReport:
+    """Everything ``torchscan.onnx.check`` found about one model.
+
+    Attributes:
+      model: the model's path, or ``"<bytes>"`` / ``"<ModelProto>"``.
+      opset: the model's default-domain opset.
+      nodes: every ``Scan`` and ``Loop`` node checked, with the version in force for it.
+      findings: the rules broken, in the order of the nodes.
+      comparisons: one per source of outputs; empty where nothing was run.
+      inputs: the inputs the model was run on, one ``"name: type[shape]"`` each, with where
+        they came from first.
+      atol: the absolute tolerance of the comparisons.
+      rtol: the relative tolerance of the comparisons.
+      notes: things worth knowing that are not failures.
+    """
+
+    model: str
+    opset: int | None
+    nodes: tuple[CheckedNode, ...]
+    findings: tuple[Finding, ...]
+    comparisons: tuple[Comparison, ...]
+    inputs: tuple[str, ...]
+    atol: float
+    rtol: float
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when no rule is broken and no output disagrees or fails to be computed."""
+        return not self.findings and all(c.ok for c in self.comparisons)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data; infinite errors become ``"inf"``."""
+        data = dataclasses.asdict(self)
+        data["ok"] = self.ok
+        for comparison in data["comparisons"]:
+            for output in comparison["outputs"]:
+                output["max_abs"] = _json_number(output["max_abs"])
+                output["max_rel"] = _json_number(output["max_rel"])
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The report as a JSON document (strict JSON: no NaN or Infinity literals)."""
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)
+
+    def summary(self) -> str:
+        """One line: whether the model passed, and why not."""
+        failing = [c for c in self.comparisons if not c.ok]
+        if self.ok:
+            ran = [c.source for c in self.comparisons if c.status in (OK, BASELINE)]
+            agreed = f"; outputs agree across {', '.join(ran)}" if len(ran) > 1 else ""
+            if self.comparisons and len(ran) < 2:
+                agreed = "; too few sources ran the model to compare outputs"
+            return f"OK: {_count(len(self.nodes), 'Scan/Loop node')} checked, no findings{agreed}"
+        parts = [_count(len(self.findings), "finding")] if self.findings else []
+        parts += [f"{c.source} {c.status}" for c in failing]
+        return "FAILED: " + ", ".join(parts)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(f"torchscan check: {self.model} (opset {self.opset})", style="bold")
+        yield _nodes_table(self)
+        if self.findings:
+            yield _findings_table(self.findings)
+        if self.comparisons:
+            yield _comparisons_table(self)
+        for note in self.notes:
+            yield Text(f"note: {note}", style="dim")
+        yield Text(self.summary(), style="bold green" if self.ok else "bold red")
+
+    def __str__(self) -> str:
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=120, color_system=None, force_terminal=False)
+        console.print(self)
+        return buffer.getvalue().rstrip() + "\n"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _json_number(x: float | None) -> float | str | None:
+    if x is None or math.isfinite(x):
+        return x
+    return "inf" if x > 0 else "nan"
+
+
+def _format_error(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+def _nodes_table(report: CheckReport) -> Table:
+    counts: dict[str, int] = {}
+    for finding in report.findings:
+        counts[finding.node] = counts.get(finding.node, 0) + 1
+    nodes = Table(title="Scan and Loop nodes", title_justify="left")
+    nodes.add_column("node")
+    nodes.add_column("version")
+    nodes.add_column("lint")
+    for checked in report.nodes:
+        found = counts.get(checked.node, 0)
+        nodes.add_row(checked.node, checked.op, _count(found, "finding") if found else "ok")
+    return nodes
+
+
+def _findings_table(findings: tuple[Finding, ...]) -> Table:
+    out = Table(title="Findings", title_justify="left", show_lines=True)
+    out.add_column("node")
+    out.add_column("rule")
+    out.add_column("finding", ratio=3)
+    out.add_column("specification", ratio=2)
+    for f in findings:
+        out.add_row(f"{f.node}\n({f.op})", f.rule, f.message, f"“{f.spec}”\n({f.source})")
+    return out
+
+
+def _comparisons_table(report: CheckReport) -> Table:
+    against = next((c.source for c in report.comparisons if c.status == BASELINE), None)
+    tolerance = f"atol {report.atol:g}, rtol {report.rtol:g}"
+    title = f"Outputs against {against} ({tolerance})" if against else "Outputs (none computed)"
+    out = Table(title=title, title_justify="left")
+    for column in ("source", "output", "shape", "max abs err", "max rel err", "result"):
+        out.add_column(column, justify="right" if column.startswith("max") else "left")
+    for c in report.comparisons:
+        if not c.outputs:
+            out.add_row(c.source, "", "", "", "", _status_text(c.status, c.reason))
+        for o in c.outputs:
+            result = c.status if c.status == BASELINE else (OK if o.ok else MISMATCH)
+            note = f": {o.note}" if o.note else ""
+            out.add_row(
+                c.source,
+                o.name,
+                o.shape,
+                _format_error(o.max_abs),
+                _format_error(o.max_rel),
+                _status_text(result, note.lstrip(": ")),
+            )
+    return out
+
+
+def _status_text(status: str, reason: str) -> str:
+    label = {UNSUPPORTED: "not supported by this runtime"}.get(status, status)
+    return f"{label}: {reason}" if reason else label
