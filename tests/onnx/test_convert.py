@@ -546,3 +546,57 @@ def test_flip_of_a_dynamic_axis_converts_to_opset_9() -> None:
         for n in (0, 1, 4):
             data = normal(n, 2)
             assert_same([data[::-1]], run(lowered, {"data": data}))
+
+
+# -- Min and Max of integers ----------------------------------------------------------------------
+
+
+def min_max(elem: int) -> onnx.ModelProto:
+    return build(
+        [
+            oh.make_node("Min", ["a", "b", "c"], ["smallest"]),
+            oh.make_node("Max", ["a", "b"], ["largest"]),
+            oh.make_node("Min", ["a"], ["alone"]),
+        ],
+        [info("a", elem, [2, 3]), info("b", elem, [3]), info("c", elem, [1, 1])],
+        [info(name, elem) for name in ("smallest", "largest", "alone")],
+    )
+
+
+def integers(dtype: type, *shape: int) -> np.ndarray:
+    info_ = np.iinfo(dtype)
+    edges = np.array([info_.min, info_.max, 0, -1, 1], dtype=dtype)
+    return _rng.choice(np.concatenate([edges, _rng.integers(-9, 9, 8).astype(dtype)]), shape)
+
+
+@pytest.mark.parametrize("target", [11, 10, 9])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8])
+def test_min_and_max_of_integers_convert_below_opset_12(dtype: type, target: int) -> None:
+    """Min-8 and Max-8 take floats only; integers are compared and selected instead."""
+    elem = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = min_max(elem)
+    lowered = converted(model, target)
+    for _ in range(5):
+        a, b, c = integers(dtype, 2, 3), integers(dtype, 3), integers(dtype, 1, 1)
+        feeds = {"a": a, "b": b, "c": c}
+        assert_same([np.minimum(np.minimum(a, b), c), np.maximum(a, b), a], run(lowered, feeds))
+
+
+def test_min_of_int64_is_refused_at_opset_8() -> None:
+    """Less-7 compares floats only, and no float holds every int64."""
+    with pytest.raises(OpsetConversionError) as raised:
+        convert_model(min_max(I64), 8)
+    assert str(raised.value) == (
+        "cannot convert Less (node 'Less') from opset 9 to opset 8: 'b' is of type int64, which "
+        "Less-7 does not allow (it allows double, float, float16), and no wider type it allows "
+        "holds every value exactly"
+    )
+
+
+def test_min_of_int32_converts_to_opset_8() -> None:
+    lowered = converted(min_max(I32), 8)
+    a, b, c = integers(np.int32, 2, 3), integers(np.int32, 3), integers(np.int32, 1, 1)
+    assert_same(
+        [np.minimum(np.minimum(a, b), c), np.maximum(a, b), a],
+        run(lowered, {"a": a, "b": b, "c": c}),
+    )

@@ -1204,6 +1204,42 @@ def _range_11(node: onnx.NodeProto, ctx: Converter, boundary: int) -> list[onnx.
     return [*made, trip_count, loop]
 
 
+def _static_broadcast(ctx: Converter, names: Sequence[str]) -> list[int] | None:
+    """The shape ``names`` broadcast to, where all their shapes are known; else None."""
+    shapes = [ctx.shape(name) for name in names]
+    if any(shape is None or None in shape for shape in shapes):
+        return None
+    return list(np.broadcast_shapes(*[tuple(shape) for shape in shapes]))
+
+
+@_adapts(["Min", "Max"], 12)
+def _min_max_12(node: onnx.NodeProto, ctx: Converter, boundary: int) -> list[onnx.NodeProto]:
+    """Min-12 and Max-12 take integer types, which Min-8 and Max-8 lack (torch.onnx makes a
+    ``Min`` of two int64 sizes from ``min(len(a), len(b))``). For integers, each further input
+    is chosen where it is smaller (larger), with ``Less`` and ``Where``, which opset 9 has for
+    every integer type and which selects exactly; float inputs keep the node."""
+    elem = ctx.elem_type(node.input[0])
+    if elem is None or elem in _FLOATS:
+        return [copy_node(node)]
+    compare = "Less" if node.op_type == "Min" else "Greater"
+    made: list[onnx.NodeProto] = []
+    result = node.input[0]
+    for position, other in enumerate(node.input[1:], start=2):
+        shape = _static_broadcast(ctx, [other, result])
+        chosen = ctx.make_node(compare, [other, result])
+        ctx.set_type(chosen.output[0], TensorProto.BOOL, shape)
+        last = position == len(node.input)
+        picked = ctx.make_node(
+            "Where", [chosen.output[0], other, result], [node.output[0]] if last else None
+        )
+        ctx.set_type(picked.output[0], elem, shape)
+        made += [chosen, picked]
+        result = picked.output[0]
+    if not made:
+        made.append(ctx.make_node("Identity", [result], [node.output[0]]))
+    return made
+
+
 # -- Loop and Scan --------------------------------------------------------------------------------
 
 
