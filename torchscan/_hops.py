@@ -24,7 +24,8 @@ Everything here uses torch's private APIs, which is why ``pyproject.toml`` pins 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -130,7 +131,8 @@ def _dense(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_rever
 @register_fake(torchscan_scan, skip_cache=True)
 def _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
     x = [_slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
-    out = body(*carries, *x, *captured)
+    with _as_traced_body():
+        out = body(*carries, *x, *captured)
     ys = out[len(carries) :]
     length = _scan_length(xs, in_axes)
     axes = _broadcast(out_axes, len(ys))
@@ -209,12 +211,20 @@ def trace_body(
     def body_with_symbols(*args):
         return body(*args[:n_inputs])
 
-    with _ignore_fresh_unbacked_symbols(), _export_indexing():
+    with _as_traced_body():
         gm = reenter_make_fx(body_with_symbols)(*sample_inputs, *captured, *symbols)
     used_symbols = _drop_unused_symbols(gm, n_inputs, symbols)
     lifted = _lift_closure_tensors(gm)
     _copy_aliased_outputs(gm)
     return gm, (*captured, *used_symbols, *lifted)
+
+
+@contextlib.contextmanager
+def _as_traced_body() -> Iterator[None]:
+    """Where a body runs on fake tensors (traced, probed, or run for its shapes): indexing as
+    at the top level of an exported model, and sizes read from data kept to the body."""
+    with _ignore_fresh_unbacked_symbols(), _export_indexing():
+        yield
 
 
 def _export_indexing() -> Any:
@@ -224,7 +234,28 @@ def _export_indexing() -> Any:
     dispatch, where that handler is no longer active."""
     from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
 
-    return _NonStrictTorchFunctionHandler()
+    class BodyIndexing(_NonStrictTorchFunctionHandler):
+        def _override(self, func, args, kwargs):
+            if getattr(func, "__name__", "") == "__getitem__" and len(args) == 2:
+                args = (args[0], _pytree.tree_map(_own_index, args[1], is_leaf=_is_index_leaf))
+            return super()._override(func, args, kwargs)
+
+    return BodyIndexing()
+
+
+def _is_index_leaf(item: Any) -> bool:
+    return isinstance(item, (torch.Tensor, slice))
+
+
+def _own_index(item: Any) -> Any:
+    """A tensor index of the body's own trace. A tensor of an enclosing trace (``w[i]`` in a
+    scan nested in a loop reads the loop's ``i``) reaches a nested body as a constant, and the
+    value read from a constant is known to no trace; a copy made in the body is its own."""
+    if isinstance(item, slice):
+        return slice(*(_own_index(bound) for bound in (item.start, item.stop, item.step)))
+    if isinstance(item, torch.Tensor) and item.ndim == 0 and not item.is_floating_point():
+        return item.clone()
+    return item
 
 
 def _ignore_fresh_unbacked_symbols() -> Any:
@@ -385,7 +416,7 @@ class _FlatStep:
     def probe(self, step: Callable, *args: Any) -> None:
         """Run ``step`` once on fake copies of ``args``, outside the trace, to learn what it
         returns: whether it stops decides which operator it becomes."""
-        with disable_proxy_modes_tracing(), _ignore_fresh_unbacked_symbols(), _export_indexing():
+        with disable_proxy_modes_tracing(), _as_traced_body():
             step(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
 
     def unflatten(self, out: Sequence[Any]) -> tuple[Any, Any]:
@@ -514,7 +545,7 @@ def _loop_dense(body, trip_count, cond, carries, captured, has_until):
 def _loop_fake(body, trip_count, cond, carries, captured, has_until):
     reference = next(iter([*carries, *captured]), None)
     i = torch.zeros((), dtype=torch.int64, device=None if reference is None else reference.device)
-    with _ignore_fresh_unbacked_symbols():
+    with _as_traced_body():
         out = body(i, *carries, *captured)
     ys = out[len(carries) : len(carries) + _n_ys(out, len(carries), has_until)]
     length = _loop_length(trip_count, cond, has_until)
@@ -562,8 +593,16 @@ def _loop_trace(mode, body, trip_count, cond, carries, captured, has_until):
     body_gm, captured = trace_body(mode, body, [i, *sample_carries], captured)
     _refuse_mutation(body_gm, 1 + len(carries), 0)
     args = (body_gm, trip_count, cond, carries, captured, has_until)
+    outputs = _output_values(body_gm)
+    ys = outputs[len(carries) : len(carries) + _n_ys(outputs, len(carries), has_until)]
+    # From the traced body, not by running it again: a scan or loop nested in it would be traced
+    # anew outside the tracer that knows the sizes it reads.
     with disable_proxy_modes_tracing():
-        example = torchscan_loop(*args)
+        length = _loop_length(trip_count, cond, has_until)
+        example = (
+            *[c.new_empty(c.shape) for c in carries],
+            *[_stacked_like(y, length, 0) for y in ys],
+        )
     return record(mode, torchscan_loop, body_gm, args, example)
 
 

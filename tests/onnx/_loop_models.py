@@ -7,7 +7,7 @@ import torch
 
 import torchscan
 
-from ._models import B, Case, Dim, F, H, randn
+from ._models import B, Case, Dim, F, H, _gen, randn
 
 
 def sequence_and_state(t: int) -> tuple[torch.Tensor, ...]:
@@ -177,6 +177,59 @@ class ScanInLoop(torch.nn.Module):
         return torchscan.loop(body, h, trip_count=3)
 
 
+class LoopInScanIndexing(torch.nn.Module):
+    """A scan whose step loops over the whole sequence, reading ``xs[j]`` with the inner
+    iteration number."""
+
+    def forward(self, xs, h):
+        def step(h, x):
+            def refine(j, c):
+                return torch.tanh(c * 0.5 + xs[j].sum(-1, keepdim=True) * x[:, :1]), None
+
+            c, _ = torchscan.loop(refine, h, trip_count=xs.shape[0])
+            return c, c.sum(-1)
+
+        return torchscan.scan(step, h, xs)
+
+
+class ScanInLoopIndexing(torch.nn.Module):
+    """A loop whose body scans the sequence, each step reading ``xs[i]`` with the loop's ``i``:
+    a tensor of the enclosing trace."""
+
+    def forward(self, xs, h):
+        def body(i, h):
+            h, ys = torchscan.scan(
+                lambda c, x: (torch.tanh(c + x[:, :1] * xs[i][:, 1:2]), c), h, xs
+            )
+            return h, ys.sum(0)
+
+        return torchscan.loop(body, h, trip_count=xs.shape[0])
+
+
+class LoopInLoop(torch.nn.Module):
+    """A triangular loop: iteration ``i`` runs an inner loop ``i + 1`` times over ``xs[j]``."""
+
+    def forward(self, xs, h):
+        def body(i, h):
+            c, _ = torchscan.loop(lambda j, c: (c * 0.9 + xs[j][:, :1], None), h, trip_count=i + 1)
+            return c, c.sum(-1)
+
+        return torchscan.loop(body, h, trip_count=xs.shape[0])
+
+
+class IndexThroughIndex(torch.nn.Module):
+    """``xs[order[i]]``: an index read from a tensor with the iteration number."""
+
+    def forward(self, xs, h, order):
+        return torchscan.loop(
+            lambda i, h: (torch.tanh(h + xs[order[i]][:, :1]), h[:, 0]), h, trip_count=xs.shape[0]
+        )
+
+
+def sequence_state_and_order(t: int) -> tuple[torch.Tensor, ...]:
+    return randn(t, B, F), randn(B, H), torch.randperm(t, generator=_gen)
+
+
 # onnx.reference cannot run a Loop that runs no iteration (torchscan.onnx._compare._spec_loop):
 # the reference_lengths of a case leave out the inputs that run none.
 CASES: dict[str, Case] = {
@@ -202,4 +255,15 @@ CASES: dict[str, Case] = {
     "captured": Case(Captured, sequence_and_state, dynamic_first(2), {"Loop": 1}),
     "loop-in-scan": Case(LoopInScan, sequence_and_state, dynamic_first(2), {"Scan": 1, "Loop": 1}),
     "scan-in-loop": Case(ScanInLoop, sequence_and_state, dynamic_first(2), {"Scan": 1, "Loop": 1}),
+    "loop-in-scan-indexing": Case(
+        LoopInScanIndexing, sequence_and_state, dynamic_first(2), {"Scan": 1, "Loop": 1}
+    ),
+    "scan-in-loop-indexing": Case(
+        ScanInLoopIndexing, sequence_and_state, dynamic_first(2), {"Scan": 1, "Loop": 1}
+    ),
+    "loop-in-loop": Case(LoopInLoop, sequence_and_state, dynamic_first(2), {"Loop": 2}),
+    "index-through-index": Case(
+        IndexThroughIndex, sequence_state_and_order,
+        lambda: ({0: Dim("T", min=1)}, None, {0: Dim("T", min=1)}), {"Loop": 1},
+    ),
 }  # fmt: skip
