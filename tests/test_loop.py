@@ -141,6 +141,49 @@ def test_no_iteration_gives_empty_ys_from_fake_tensors(trip_count, cond) -> None
     assert all(isinstance(t, FakeTensor) for t in calls[0])
 
 
+def inner_until(i, c):
+    inner, _ = torchscan.loop(
+        lambda j, a: (a + 1, a, torchscan.until(a.sum() > 5)), c, trip_count=9
+    )
+    return inner, c
+
+
+def inner_count(i, c):
+    inner, _ = torchscan.loop(lambda j, a: (a + 1, a), c, trip_count=i + 1)
+    return inner, c
+
+
+def inner_scan_until(i, c):
+    inner, _ = torchscan.scan(
+        lambda a, x: (a + x, a, torchscan.until(a.sum() > 5)), c, torch.ones(4, 3)
+    )
+    return inner, c
+
+
+@pytest.mark.parametrize("body", [inner_until, inner_count, inner_scan_until])
+@pytest.mark.parametrize(("trip_count", "cond"), [(0, None), (3, False)])
+def test_no_iteration_of_a_body_with_loops_whose_length_needs_data(body, trip_count, cond) -> None:
+    """On fake tensors an inner loop cannot know when it stops: it describes its outputs as it
+    does when exported, instead of reading values fake tensors do not have."""
+    init = torch.zeros(3)
+    carry, ys = torchscan.loop(body, init, trip_count=trip_count, cond=cond)
+    assert carry is init
+    assert ys.shape == (0, 3)
+    assert torch.equal(
+        torchscan.loop(body, init, trip_count=2)[1], loop_loop(body, init, trip_count=2)[1]
+    )
+
+
+def test_a_large_cap_costs_only_the_iterations_that_run() -> None:
+    """The iteration numbers are made as they are needed: a cap of 10**12 with an early stop
+    must not allocate 10**12 of them."""
+    carry, ys = torchscan.loop(
+        lambda i, c: (c + 1, i, torchscan.until(c >= 4)), torch.zeros(()), trip_count=10**12
+    )
+    assert carry.item() == 5
+    assert ys.tolist() == [0, 1, 2, 3, 4]
+
+
 # -- autograd ----------------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,9 +40,12 @@ def test_trip_count_of_the_wrong_type(trip_count, description: str) -> None:
         torchscan.loop(count, torch.zeros(()), trip_count=trip_count)
 
 
-def test_negative_trip_count() -> None:
-    with errors(ValueError, "torchscan.loop: trip_count must be non-negative, but got -1."):
-        torchscan.loop(count, torch.zeros(()), trip_count=-1)
+@pytest.mark.parametrize("trip_count", [-1, np.int64(-3), torch.tensor(-2)], ids=repr)
+def test_a_negative_trip_count_runs_no_iteration(trip_count) -> None:
+    """As in ONNX, and as ``range`` does: not an error."""
+    carry, ys = torchscan.loop(lambda i, c: (c + 1, i), torch.zeros(()), trip_count=trip_count)
+    assert carry.item() == 0
+    assert ys.shape == (0,)
 
 
 @pytest.mark.parametrize(
@@ -119,6 +123,18 @@ def test_until_checked_in_later_iterations() -> None:
         "int64[] on cpu in iteration 2.",
     ):
         torchscan.loop(body, torch.zeros(2), trip_count=5)
+
+
+def test_until_replaced_by_a_bare_flag_in_a_later_iteration() -> None:
+    def body(i, c):
+        return (c, c, torchscan.until(i > 5)) if i < 1 else (c, c, i > 5)
+
+    with errors(
+        TypeError,
+        "torchscan.loop: body must return (carry, y) or (carry, y, torchscan.until(stop)), but "
+        "it returned a tuple whose last item is bool[] on cpu.",
+    ):
+        torchscan.loop(body, torch.zeros(2), trip_count=3)
 
 
 @pytest.mark.parametrize(

@@ -231,6 +231,23 @@ def test_zero_length_without_xs() -> None:
     assert ys[1] is None
 
 
+@pytest.mark.parametrize("xs", [(), [], {}], ids=repr)
+@pytest.mark.parametrize("length", [0, 3])
+def test_an_empty_container_of_sequences(xs, length: int) -> None:
+    """Like ``xs=None``: ``length`` steps, each given an empty container like ``xs``."""
+    seen = []
+
+    def step(c, x):
+        seen.append(x)
+        return c + 1, (c, x)
+
+    carry, (ys, empties) = torchscan.scan(step, torch.zeros(()), xs, length=length)
+    assert carry.item() == length
+    assert ys.tolist() == list(range(length))
+    assert empties == xs
+    assert all(x == xs for x in seen[: length or 0])
+
+
 def test_zero_length_uses_captured_tensors() -> None:
     _, ys = torchscan.scan(elman, randn(B, H), randn(B, 0, H), axis=1)
     assert ys.shape == (B, 0, H)

@@ -11,3 +11,4 @@ __all__ = ["ExportError", "Until", "loop", "scan", "until"]
 __version__ = "0.1.0"
 
 _torch_onnx_hook.wrap_torch_onnx_export()
+_torch_onnx_hook.install_hooks_when_the_exporter_loads()

@@ -7,6 +7,8 @@ one is known. None of these checks touches tensor data: they read shapes, dtypes
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,12 +71,18 @@ def check_tensor_leaves(api: str, root: str, tree: Any, leaves: Sequence[Any]) -
     )
 
 
-def check_int(api: str, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
-            return int(value)
-        raise TypeError(f"{api}: {name} must be an int, but got {describe(value)}.")
-    return value
+def check_int(api: str, name: str, value: Any, *, symbolic: bool = False) -> Any:
+    """``value`` as an int: a Python or numpy integer, or a 0-d integer tensor. With
+    ``symbolic``, a size of a traced program (``xs.shape[0]`` under ``torch.export``) stays as
+    it is."""
+    if symbolic and isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
+        return int(value)
+    if not isinstance(value, (bool, torch.Tensor)):
+        with contextlib.suppress(TypeError):
+            return operator.index(value)
+    raise TypeError(f"{api}: {name} must be an int, but got {describe(value)}.")
 
 
 def scan_axes(api: str, axis: Any, xs: Any, leaves: Sequence[Any]) -> list[int | None]:
@@ -111,7 +119,7 @@ def scan_length(
     """The number of steps: the common size of the xs leaves along their axes, or ``length``."""
     sizes = [leaf.shape[a] for leaf, a in zip(leaves, axes, strict=True) if leaf is not None]
     if length is not None:
-        length = check_int(api, "length", length)
+        length = check_int(api, "length", length, symbolic=True)
         if length < 0:
             raise ValueError(f"{api}: length must be non-negative, but got {length}.")
     if not sizes:

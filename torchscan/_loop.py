@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -72,8 +74,8 @@ def loop(
             is any pytree of tensors and ``None``, the same at every iteration; ``stop`` is a
             0-d bool tensor. Whether ``until`` is returned must not change between iterations.
         init: the initial carry, a pytree of tensors (``None`` for no carry).
-        trip_count: the most iterations to run: an int, a 0-d integer tensor (a negative value
-            runs none, as in ONNX), or ``None`` for no limit.
+        trip_count: the most iterations to run: an int (Python or numpy), a 0-d integer tensor,
+            or ``None`` for no limit. A negative count runs none, as in ONNX and ``range``.
         cond: whether to run the first iteration: a bool or a 0-d bool tensor; ``None`` means
             ``True``.
 
@@ -86,8 +88,8 @@ def loop(
         TypeError: ``body`` is not callable or does not return ``(carry, y)`` or ``(carry, y,
             until(stop))``; ``stop``, ``trip_count`` or ``cond`` has the wrong type; a leaf is
             not a tensor; the carry or ``y`` changes structure, shape, dtype or device.
-        ValueError: the loop could never end (no ``trip_count`` and no ``until``); a negative
-            int ``trip_count``; tensors of ``init`` on different devices.
+        ValueError: the loop could never end (no ``trip_count`` and no ``until``); tensors of
+            ``init`` on different devices.
 
     Example:
         Powers of two until one passes 100, at most 20:
@@ -106,7 +108,7 @@ def loop(
     _checks.check_same_device(_API, [("init", init, carry_type.leaves)])
     trip_count = _check_trip_count(trip_count)
     cond = _check_cond(cond)
-    if torch.compiler.is_exporting():
+    if torch.compiler.is_exporting() or _outputs.probing_shapes():
         from torchscan import _hops
 
         return _hops.traced_loop(body, carry_type, trip_count, cond)
@@ -132,10 +134,9 @@ def _check_trip_count(trip_count: Any) -> int | torch.Tensor | None:
             return trip_count
     elif isinstance(trip_count, torch.SymInt):
         return trip_count  # a size of the program torch.export traces: never negative
-    elif isinstance(trip_count, int) and not isinstance(trip_count, bool):
-        if trip_count < 0:
-            raise ValueError(f"{_API}: trip_count must be non-negative, but got {trip_count}.")
-        return trip_count
+    elif not isinstance(trip_count, bool):
+        with contextlib.suppress(TypeError):
+            return operator.index(trip_count)  # a negative count runs none, as in ONNX
     raise TypeError(
         f"{_API}: trip_count must be an int, a 0-d integer tensor or None, but got "
         f"{_checks.describe(trip_count)}."
@@ -162,14 +163,13 @@ def _device(candidates: Sequence[Any]) -> torch.device:
 
 def _counter(trips: int | None, device: torch.device) -> Iterator[torch.Tensor]:
     """The iteration numbers as 0-d int64 tensors, made in batches: one ``torch.tensor(i)`` per
-    iteration would cost more than the bookkeeping of the whole loop."""
-    if trips is not None:
-        yield from torch.arange(trips, device=device).unbind(0)
-        return
+    iteration would cost more than the bookkeeping of the whole loop, and all of them at once
+    would cost in proportion to a cap that ``until`` may never reach."""
     start, size = 0, 16
-    while True:
-        yield from torch.arange(start, start + size, device=device).unbind(0)
-        start, size = start + size, min(size * 2, 4096)
+    while trips is None or start < trips:
+        stop = start + size if trips is None else min(start + size, trips)
+        yield from torch.arange(start, stop, device=device).unbind(0)
+        start, size = stop, min(size * 2, 4096)
 
 
 def _empty_ys(body: Callable, carry_type: _checks.CarryType, trip_count: Any) -> Any:

@@ -119,6 +119,8 @@ class Outputs:
         fake_mode = FakeTensorMode(
             allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True
         )
+        global _probing
+        outer, _probing = _probing, True
         with torch.no_grad(), fake_mode as mode, _NonStrictTorchFunctionHandler():
             fake_args = _pytree.tree_map(
                 lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args
@@ -131,6 +133,18 @@ class Outputs:
                     f"{self.fn_name} once on fake tensors (no data), and that call failed with "
                     f"{type(error).__name__}: {error}"
                 ) from error
+            finally:
+                _probing = outer
+
+
+_probing = False
+
+
+def probing_shapes() -> bool:
+    """Whether a function is being called on fake tensors to learn the shapes of its outputs.
+    A scan or loop it calls then finds its own output shapes as under ``torch.export``: by
+    calling its body once, instead of running it on values that fake tensors do not have."""
+    return _probing
 
 
 def _fits(axis: int, leaf: torch.Tensor) -> bool:

@@ -24,7 +24,7 @@ tree_map = _fast.tree_map
 
 def is_leaf_spec(spec: TreeSpec) -> bool:
     """Whether ``spec`` is the structure of a single leaf (a bare tensor or ``None``)."""
-    return spec.num_nodes == 1
+    return spec.num_nodes == 1 and spec.num_leaves == 1  # an empty tuple has one node too
 
 
 def leaf_names(tree: Any, root: str) -> list[str]:

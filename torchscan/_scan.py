@@ -103,7 +103,7 @@ def scan_in_order(
     _checks.check_callable(_API, "fn", fn)
     _checks.refuse_torchscript(_API)
     plan = _plan(init, xs, length, axis)
-    if torch.compiler.is_exporting():
+    if torch.compiler.is_exporting() or _outputs.probing_shapes():
         from torchscan import _hops
 
         return _hops.traced_scan(fn, plan, axis, reverse, reverse and realign)
@@ -146,6 +146,8 @@ def _slices(plan: _Plan) -> Sequence[Any]:
         (None,) * plan.length if leaf is None else leaf.unbind(a)
         for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
     ]
+    if not columns:  # xs is an empty container: every step gets one like it
+        return [_pytree.tree_unflatten([], plan.xs_spec)] * plan.length
     if _pytree.is_leaf_spec(plan.xs_spec):
         return columns[0]
     return [_pytree.tree_unflatten(list(step), plan.xs_spec) for step in zip(*columns, strict=True)]

@@ -116,11 +116,12 @@ class Protocol:
                 out = call(carry, item)
                 try:
                     carry, y, flag = out
-                except (TypeError, ValueError):
+                    stop = flag.stop
+                except (TypeError, ValueError, AttributeError):
                     self.has_until(out, expected=True)
                     raise
                 append(y)
-                if self.check_stop(flag.stop, len(ys) - 1):
+                if self.check_stop(stop, len(ys) - 1):
                     break
         carry_type.check(carry, f" in a later {self.step_name}")
         return carry, ys

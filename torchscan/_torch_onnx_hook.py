@@ -1,14 +1,18 @@
 """Makes ``torch.onnx.export`` aware of torchscan, without importing onnx until it is used.
 
-``import torchscan`` wraps ``torch.onnx.export`` (``torch.onnx`` itself is light); the first export
-installs torchscan's translations and version conversion into torch.onnx's internals
-(``torchscan.onnx._hooks``). The traced ``scan`` installs them too, for code that kept a
-reference to ``torch.onnx.export`` from before ``import torchscan``.
+``import torchscan`` wraps ``torch.onnx.export`` (``torch.onnx`` itself is light), and installs
+torchscan's translations and version conversion into torch.onnx's internals
+(``torchscan.onnx._hooks``) as soon as torch.onnx loads its exporter: at once where it is loaded
+already, else right after it is imported, which the first export does. So an export through a
+reference to ``torch.onnx.export`` kept from before ``import torchscan`` gets them too.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
+import sys
 from typing import Any
 
 import torch.onnx
@@ -34,6 +38,37 @@ def wrap_torch_onnx_export() -> None:
 
     export.__torchscan_wrapped__ = True  # type: ignore[attr-defined]
     torch.onnx.export = export
+
+
+_EXPORTER = "torch.onnx._internal.exporter._core"
+
+
+def install_hooks_when_the_exporter_loads() -> None:
+    if _EXPORTER in sys.modules:
+        install_onnx_hooks()
+    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds torch.onnx's exporter as the other finders do, and installs the hooks once it has
+    been executed; then leaves the import system."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _EXPORTER:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_install(module: Any) -> None:
+            exec_module(module)
+            sys.meta_path.remove(self)
+            install_onnx_hooks()
+
+        spec.loader.exec_module = exec_then_install  # type: ignore[method-assign]
+        return spec
 
 
 def install_onnx_hooks() -> None:

@@ -187,6 +187,13 @@ class LengthOnly(torch.nn.Module):
         return carry, ys
 
 
+class LengthOfInput(torch.nn.Module):
+    """No sequence, and the number of steps is a dynamic size of an input."""
+
+    def forward(self, xs, h):
+        return torchscan.scan(lambda c, _: (c * 0.5 + 1, c), h, length=xs.shape[0])
+
+
 class Nested(torch.nn.Module):
     """A scan whose body runs another scan over the features of each step, reversed."""
 
@@ -259,6 +266,7 @@ CASES: dict[str, Case] = {
     "captured": Case(CapturedState, time_major((F,)), dynamic_time(1)),
     "integer-carries": Case(IntegerCarries, time_major((F,)), dynamic_time(1)),
     "length-only": Case(LengthOnly, time_major((F,)), lambda: None, run_lengths=()),
+    "length-of-input": Case(LengthOfInput, time_major((F,)), dynamic_time(1)),
     "nested": Case(Nested, time_major((H,)), dynamic_time(1), ops={"Scan": 2}, reference=False),
     "until": Case(UntilScan, time_major((F,)), dynamic_time(1), ops={"Loop": 1}),
     "until-axis1-reverse": Case(

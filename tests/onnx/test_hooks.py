@@ -68,6 +68,42 @@ def test_export_kept_from_before_the_import_still_gets_a_scan() -> None:
     assert out.strip() == "['Scan']"
 
 
+def test_export_kept_from_before_the_import_converts_a_model_without_a_scan() -> None:
+    """torch.onnx alone returns opset 18 for opset 13 here; with torchscan imported, the asked
+    opset, also through a reference kept from before the import and before any scan."""
+    out = run_python(
+        """
+        import logging, warnings
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        import torch
+        from torch.onnx import export
+        import torchscan
+
+        class M(torch.nn.Module):
+            def forward(self, x, y):
+                return torch.tanh(x * y + 1)
+
+        model = export(
+            M(), (torch.ones(3), torch.ones(3)), dynamo=True, opset_version=13, verbose=False
+        )
+        print([o.version for o in model.model_proto.opset_import if o.domain == ""])
+        """
+    )
+    assert out.strip() == "[13]"
+
+
+def test_the_hooks_are_installed_at_import_when_torch_onnx_exporter_is_loaded() -> None:
+    out = run_python(
+        """
+        import torch.onnx._internal.exporter._core as core
+        import torchscan
+        print(type(core.onnxscript_apis).__name__)
+        """
+    )
+    assert out.strip() == "_ConvertingAPIs"
+
+
 def test_wrapper_keeps_the_signature_of_torch_onnx_export() -> None:
     import inspect
 
