@@ -1,7 +1,8 @@
 """Every example of Theano's scan guide, written with ``torchscan.theano``.
 
 Each example keeps the guide's code and names, with Theano's symbolic tensors replaced by
-PyTorch tensors and ``theano.function`` by a plain call. The printed results are the guide's.
+PyTorch tensors and ``theano.function`` by a plain call, prints what the guide prints, and checks
+its result against the same computation written as a plain Python loop.
 
 Run it with ``python examples/theano_guide.py``.
 """
@@ -11,6 +12,12 @@ from __future__ import annotations
 import torch
 
 from torchscan import theano
+
+
+def same(result: torch.Tensor, loop: list[torch.Tensor] | torch.Tensor) -> None:
+    """``result`` equals what the Python loop computed: shape, dtype and every value."""
+    expected = torch.stack(loop) if isinstance(loop, list) else loop
+    torch.testing.assert_close(result, expected, rtol=0, atol=0)
 
 
 def a_to_the_k() -> None:
@@ -23,12 +30,17 @@ def a_to_the_k() -> None:
             non_sequences=A,
             n_steps=k,
         )
-        return result[-1]  # scan has computed A**1 to A**k
+        return result  # scan has computed A**1 to A**k; the guide keeps result[-1]
 
     A = torch.arange(10.0)
-    print(power(A, 2))
-    print(power(A, 4))
-    assert power(A, 4).tolist() == [float(a**4) for a in range(10)]
+    print(power(A, 2)[-1])
+    print(power(A, 4)[-1])
+    for k in (1, 2, 4):
+        result, loop = torch.ones_like(A), []
+        for _ in range(k):
+            result = result * A
+            loop.append(result)
+        same(power(A, k), loop)
 
 
 def polynomial() -> None:
@@ -42,13 +54,14 @@ def polynomial() -> None:
             sequences=[coefficients, torch.arange(max_coefficients_supported)],
             non_sequences=x,
         )
-        return components.sum()
+        return components
 
     test_coefficients = torch.tensor([1, 0, 2], dtype=torch.float32)
     test_value = torch.tensor(3.0)
-    print(calculate_polynomial(test_coefficients, test_value))
+    print(calculate_polynomial(test_coefficients, test_value).sum())
     print(1.0 * (3**0) + 0.0 * (3**1) + 2.0 * (3**2))
-    assert calculate_polynomial(test_coefficients, test_value).item() == 19.0
+    loop = [c * test_value**power for power, c in enumerate(test_coefficients)]
+    same(calculate_polynomial(test_coefficients, test_value), loop)
 
 
 def triangular_numbers() -> None:
@@ -69,7 +82,11 @@ def triangular_numbers() -> None:
     some_num = 15
     print(triangular_sequence(some_num))
     print([n * (n + 1) // 2 for n in range(some_num)])
-    assert triangular_sequence(some_num).tolist() == [n * (n + 1) // 2 for n in range(some_num)]
+    total, loop = torch.tensor(0), []
+    for n in range(some_num):
+        total = total + n
+        loop.append(total)
+    same(triangular_sequence(some_num), loop)
 
 
 def set_values_at_positions() -> None:
@@ -93,14 +110,18 @@ def set_values_at_positions() -> None:
     test_output_model = torch.zeros((5, 5), dtype=torch.float32)
     result = assign_values_at_positions(test_locations, test_values, test_output_model)
     print(result)
-    assert result[0, 1, 1] == 42
-    assert result[1, 2, 3] == 50
-    assert result.sum() == 92
+    loop = []
+    for (row, column), value in zip(test_locations.tolist(), test_values, strict=True):
+        array = torch.zeros((5, 5), dtype=torch.float32)
+        array[row, column] = value
+        loop.append(array)
+    same(result, loop)
 
 
 def gibbs_sampling() -> None:
     """Using shared variables: Gibbs sampling. Parameters are plain tensors, passed in
-    non_sequences; torch's random generator stands for Theano's RandomStreams."""
+    non_sequences (strict=True checks that nothing else is read); torch's random generator
+    stands for Theano's RandomStreams."""
     torch.manual_seed(1234)
     W = torch.randn(6, 4)
     bvis, bhid = torch.zeros(6), torch.zeros(4)
@@ -112,12 +133,18 @@ def gibbs_sampling() -> None:
         return torch.bernoulli(vmean)
 
     sample = torch.ones(6)
+    torch.manual_seed(10)
     values, updates = theano.scan(
         fn=OneStep, outputs_info=sample, non_sequences=[W, bvis, bhid], n_steps=10, strict=True
     )
     print(values[-1])
-    assert values.shape == (10, 6)
     assert updates == {}
+    torch.manual_seed(10)  # the same random numbers, drawn in the same order
+    vsample, loop = sample, []
+    for _ in range(10):
+        vsample = OneStep(vsample, W, bvis, bhid)
+        loop.append(vsample)
+    same(values, loop)
 
 
 def rnn_with_taps() -> None:
@@ -131,8 +158,8 @@ def rnn_with_taps() -> None:
 
     W, W_in_1, W_in_2, W_feedback, W_out = (torch.randn(2, 2) * 0.5 for _ in range(5))
     u = torch.arange(9.0)[:, None].repeat(1, 2)  # uvals = [0, 1, ..., 8], as vectors
-    x0 = torch.zeros(3, 2)  # covers x[-3]
-    y0 = torch.zeros(2)  # covers y[-1]
+    x0 = torch.randn(3, 2)  # covers x[-3]
+    y0 = torch.randn(2)  # covers y[-1]
     ([x_vals, y_vals], _updates) = theano.scan(
         fn=oneStep,
         sequences={"input": u, "taps": [-4, -0]},
@@ -140,9 +167,16 @@ def rnn_with_taps() -> None:
         non_sequences=[W, W_in_1, W_in_2, W_feedback, W_out],
         strict=True,
     )
-    # uvals[0] stands for u[-4]: the scan starts from uvals[4] and runs 5 steps.
     print(x_vals.shape, y_vals.shape)
-    assert x_vals.shape == y_vals.shape == (5, 2)
+    # uvals[0] stands for u[-4]: the scan starts from uvals[4] and runs 5 steps.
+    x, y, x_loop, y_loop = list(x0), y0, [], []
+    for t in range(4, 9):
+        x_t, y = oneStep(u[t - 4], u[t], x[-3], x[-1], y, W, W_in_1, W_in_2, W_feedback, W_out)
+        x.append(x_t)
+        x_loop.append(x_t)
+        y_loop.append(y)
+    same(x_vals, x_loop)
+    same(y_vals, y_loop)
 
 
 def powers_of_two() -> None:
@@ -158,7 +192,13 @@ def powers_of_two() -> None:
         return values
 
     print(f(torch.tensor(45.0)))
-    assert f(torch.tensor(45.0)).tolist() == [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    power, loop = torch.tensor(1.0), []
+    for _ in range(1024):
+        power = power * 2
+        loop.append(power)
+        if power > 45.0:
+            break
+    same(f(torch.tensor(45.0)), loop)
 
 
 def main() -> None:

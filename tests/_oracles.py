@@ -49,45 +49,65 @@ def loop_loop(body, init, *, trip_count=None, cond=None) -> tuple[Any, Any]:
 def theano_scan_loop(
     fn, sequences=(), outputs_info=(), non_sequences=(), n_steps=None, go_backwards=False
 ) -> list[torch.Tensor]:
-    """Theano's ``scan`` by index arithmetic: step ``s`` reads ``input[before + t + k]`` for each
-    sequence tap ``k`` (``t`` counts down from the last position when going backwards), and the
-    history of each output at ``k`` steps back."""
-    seqs = [
-        (s["input"], list(s.get("taps", [0]))) if isinstance(s, dict) else (s, [0])
-        for s in sequences
-    ]
-    outs = []
-    for info in outputs_info:
-        if isinstance(info, dict):
-            taps = info.get("taps", [-1])
-            outs.append(
-                (
-                    info.get("initial"),
-                    list(taps) if taps and info.get("initial") is not None else [],
-                )
-            )
-        else:
-            outs.append((info, [] if info is None else [-1]))
-    before = [max(0, -min(taps)) for _, taps in seqs]
-    available = [len(x) - b - max(0, max(taps)) for (x, taps), b in zip(seqs, before, strict=True)]
-    backwards = go_backwards
+    """Theano's ``scan`` as the guide and the reference describe it, on timelines.
+
+    Each sequence becomes a timeline, a dict from times to its elements: "scan will consider
+    uvals[0] as u[-4]", so the first element is at the time of the most negative tap (at time 0
+    without negative taps). Step ``t`` may run when every ``t + k``, for each tap ``k`` and for
+    ``0`` (Theano cuts its sequences as if tap 0 were read), is on the timeline. Going backwards,
+    each sequence's own runnable times are taken from the last. Each output's history is a dict
+    from times to values, ``initial[0]`` at time ``-depth`` ("init_y[0] corresponds to
+    output[-5]"). Returns the stacked outputs, or ``[]`` when no step runs.
+
+    Raises ``ValueError`` where Theano has no answer: a sequence too short to reach from its
+    most negative to its most positive tap (no number of steps fits it), or shorter than
+    ``n_steps`` steps need.
+    """
+    backwards = go_backwards != (n_steps is not None and int(n_steps) < 0)
+    timelines, runnable = [], []
+    for j, seq in enumerate(sequences):
+        x, taps = (seq["input"], seq.get("taps")) if isinstance(seq, dict) else (seq, None)
+        taps = [0] if taps is None else list(taps) if isinstance(taps, (list, tuple)) else [taps]
+        first_time = min([*taps, 0])
+        timeline = {first_time + p: x[p] for p in range(len(x))}
+        reach = [*taps, 0]
+        times = []
+        while all(len(times) + k in timeline for k in reach):
+            times.append(len(times))
+        # Zero steps fit a timeline that reaches time max(reach) - 1 (just before the furthest
+        # read of step 0); one that ends earlier would be cut to a negative length.
+        if not times and (first_time + len(x) - 1) < max(reach) - 1:
+            raise ValueError(f"sequences[{j}] is too short for its taps {taps}")
+        timelines.append((timeline, taps))
+        runnable.append(times[::-1] if backwards else times)
     if n_steps is None:
-        n = min(available)
+        n = min(len(times) for times in runnable)
     else:
-        n, backwards = abs(int(n_steps)), go_backwards != (int(n_steps) < 0)
-    history = {
-        i: ([init] if taps == [-1] else list(init[: -min(taps)]))
-        for i, (init, taps) in enumerate(outs)
-        if taps
-    }
+        n = abs(int(n_steps))
+        for j, times in enumerate(runnable):
+            if len(times) < n:
+                raise ValueError(f"sequences[{j}] is too short for {n} steps")
+
+    histories, fed_back = {}, []
+    for i, info in enumerate(outputs_info):
+        if isinstance(info, dict):
+            initial, taps = info.get("initial"), info.get("taps", [-1])
+            taps = [] if initial is None or taps is None else list(taps)
+        else:
+            initial, taps = info, ([] if info is None else [-1])
+        if taps:
+            depth = -min(taps)
+            past = [initial] if taps == [-1] else [initial[d] for d in range(depth)]
+            histories[i] = {time - depth: value for time, value in enumerate(past)}
+        fed_back.append(taps)
+
     results: dict[int, list] = {}
     for s in range(n):
         args = []
-        for (x, taps), b, av in zip(seqs, before, available, strict=True):
-            t = av - 1 - s if backwards else s
-            args += [x[b + t + k] for k in taps]
-        for i, (_, taps) in enumerate(outs):
-            args += [history[i][len(history[i]) + k] for k in taps]
+        for (timeline, taps), times in zip(timelines, runnable, strict=True):
+            args += [timeline[times[s] + k] for k in taps]
+        for i, taps in enumerate(fed_back):
+            args += [histories[i][s + k] for k in taps]
         ret = fn(*args, *non_sequences)
         stop = None
         if isinstance(ret, tuple) and type(ret[-1]).__name__ == "Until":
@@ -95,8 +115,8 @@ def theano_scan_loop(
         values = list(ret) if isinstance(ret, (list, tuple)) else [ret]
         for i, value in enumerate(values):
             results.setdefault(i, []).append(value)
-            if i in history:
-                history[i].append(value)
+            if i in histories:
+                histories[i][s] = value
         if stop is not None and bool(stop.stop):
             break
     return [torch.stack(results[i]) for i in sorted(results)]

@@ -8,6 +8,8 @@ from torchscan import theano
 
 from ._models import Case, Dim, randn
 
+_gen = torch.Generator().manual_seed(2)
+
 N = 3
 
 
@@ -85,6 +87,88 @@ def backwards_inputs(t: int) -> tuple[torch.Tensor, ...]:
     return randn(t, N), randn(N)
 
 
+class Polynomial(torch.nn.Module):
+    """The guide's polynomial: two sequences, one of them as long as the model's input, so the
+    number of steps is the smaller of two lengths. The power is cast to the base's type, as
+    Theano's ``**`` upcasts it: ONNX's ``Pow`` before opset 12 takes no integer exponent."""
+
+    def forward(self, coefficients, x):
+        components, _ = theano.scan(
+            fn=lambda coefficient, power, free_variable: (
+                coefficient * (free_variable ** power.to(free_variable.dtype))
+            ),
+            outputs_info=None,
+            sequences=[coefficients, torch.arange(10000)],
+            non_sequences=x,
+        )
+        return components, components.sum()
+
+
+def polynomial_inputs(t: int) -> tuple[torch.Tensor, ...]:
+    return randn(t), torch.tensor(1.1)
+
+
+class PositiveTaps(torch.nn.Module):
+    """Sequence taps before and after the step (-1, 1, 3) and an output fed back."""
+
+    def forward(self, u, h0):
+        def step(u_tm1, u_tp1, u_tp3, h):
+            return torch.tanh(h * 0.5 + u_tm1 - u_tp1 + 0.25 * u_tp3)
+
+        out, _ = theano.scan(step, sequences={"input": u, "taps": [-1, 1, 3]}, outputs_info=h0)
+        return (out,)
+
+
+def positive_taps_inputs(t: int) -> tuple[torch.Tensor, ...]:
+    return randn(t + 4, N), randn(N)
+
+
+class TapsUntil(torch.nn.Module):
+    """Sequence taps, output taps and until, going backwards: one Loop."""
+
+    def forward(self, u, x0):
+        def step(u_t, u_tp2, x_tm2, x_tm1):
+            x_t = x_tm1 + 0.5 * x_tm2 + u_t - u_tp2
+            return x_t, theano.until(x_t > 3.0)
+
+        out, _ = theano.scan(
+            step,
+            sequences={"input": u, "taps": [0, 2]},
+            outputs_info={"initial": x0, "taps": [-2, -1]},
+            go_backwards=True,
+        )
+        return (out,)
+
+
+def taps_until_inputs(t: int) -> tuple[torch.Tensor, ...]:
+    return torch.rand(t + 2, generator=_gen) * 2, torch.tensor([0.0, 1.0])
+
+
+class StepsInput(torch.nn.Module):
+    """n_steps a model input, with a sequence: one Loop that gathers what each step reads. A
+    negative n_steps flips the direction."""
+
+    def __init__(self, go_backwards: bool) -> None:
+        super().__init__()
+        self.go_backwards = go_backwards
+
+    def forward(self, u, h0, n_steps):
+        out, _ = theano.scan(
+            lambda u_tm1, u_tp1, h: torch.tanh(h * 0.5 + u_tm1 - u_tp1),
+            sequences={"input": u, "taps": [-1, 1]},
+            outputs_info=h0,
+            n_steps=n_steps,
+            go_backwards=self.go_backwards,
+        )
+        return (out,)
+
+
+def steps_input_inputs(t: int) -> tuple[torch.Tensor, ...]:
+    """``t`` steps (forward for even ``t``, backward for odd) of a sequence long enough for
+    ``t + 1``: going backwards reads its last positions."""
+    return randn(t + 3, N), randn(N), torch.tensor(t if t % 2 == 0 else -t)
+
+
 CASES: dict[str, Case] = {
     "taps-rnn": Case(TapsRNN, rnn_inputs, lambda: ({0: Dim("T", min=5)}, None, None)),
     "a-to-the-k": Case(
@@ -98,5 +182,32 @@ CASES: dict[str, Case] = {
     "powers-of-two-until": Case(PowersOfTwo, bounds, lambda: None, {"Loop": 1}, run_lengths=(1, 6)),
     "go-backwards": Case(
         Backwards, backwards_inputs, lambda: ({0: Dim("T", min=1)}, None), reference=False
+    ),
+    "polynomial": Case(
+        Polynomial, polynomial_inputs, lambda: ({0: Dim("T", min=1)}, None), run_lengths=(1, 3, 7)
+    ),
+    "positive-taps": Case(PositiveTaps, positive_taps_inputs, lambda: ({0: Dim("T", min=4)}, None)),
+    "taps-until": Case(
+        TapsUntil,
+        taps_until_inputs,
+        lambda: ({0: Dim("T", min=3)}, None),
+        {"Loop": 1},
+        run_lengths=(1, 4, 12),
+    ),
+    "tensor-n-steps": Case(
+        lambda: StepsInput(go_backwards=False),
+        steps_input_inputs,
+        lambda: ({0: Dim("T", min=2)}, None, None),
+        {"Loop": 1},
+        run_lengths=(0, 2, 5),
+        reference_lengths=(2, 5),
+    ),
+    "tensor-n-steps-go-backwards": Case(
+        lambda: StepsInput(go_backwards=True),
+        steps_input_inputs,
+        lambda: ({0: Dim("T", min=2)}, None, None),
+        {"Loop": 1},
+        run_lengths=(0, 2, 5),
+        reference_lengths=(2, 5),
     ),
 }

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import onnx
+import onnxruntime as ort
 import pytest
+import torch
 
 from ._roundtrip import OPSETS, check_onnxruntime, check_reference, check_structure
+from ._runtimes import assert_outputs_close, eager_outputs, run_onnxruntime
 from ._theano_models import CASES
 
 NAMES = list(CASES)
@@ -29,3 +32,25 @@ def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> No
 @pytest.mark.parametrize("name", [n for n in NAMES if CASES[n].reference])
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
     check_reference(exported(f"theano:{name}", opset), models(f"theano:{name}"), CASES[name])
+
+
+@pytest.mark.parametrize("opset", [18, OPSETS[-1]])
+@pytest.mark.parametrize("name", ["tensor-n-steps", "tensor-n-steps-go-backwards"])
+@pytest.mark.parametrize("n_steps", [4, -4, 5, -5])
+def test_tensor_n_steps_past_a_sequence_fails_at_run_time(
+    exported, models, name: str, opset: int, n_steps: int
+) -> None:
+    """Eagerly such an n_steps is refused with a ValueError; exported, the value is known only
+    when the model runs, and the runtime fails rather than read the wrong elements."""
+    model = exported(f"theano:{name}", opset)
+    u, h0, _ = CASES[name].inputs(3)  # 6 elements, taps [-1, 1]: 4 steps
+    inputs = (u, h0, torch.tensor(n_steps))
+    if abs(n_steps) <= 4:
+        assert_outputs_close(
+            run_onnxruntime(model, inputs), eager_outputs(models(f"theano:{name}"), inputs), model
+        )
+        return
+    with pytest.raises(ValueError, match=r"n_steps=-?5, but not every sequence is long enough"):
+        models(f"theano:{name}")(*inputs)
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument, match="out of data"):
+        run_onnxruntime(model, inputs)
