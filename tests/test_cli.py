@@ -63,6 +63,19 @@ def files(tmp_path: Path) -> Path:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, (2,))],
     )
     onnx.save(oh.make_model(relu, opset_imports=[oh.make_opsetid("", 17)]), tmp_path / "mlp.onnx")
+    named = scan_model()
+    named.graph.node[0].name = "abc"
+    (tmp_path / "corrupt.onnx").write_bytes(named.SerializeToString().replace(b"abc", b"a\xfec"))
+    without_opsets = scan_model()
+    del without_opsets.opset_import[:]
+    (tmp_path / "cut_at_graph.onnx").write_bytes(without_opsets.SerializeToString())
+    assert data.startswith((tmp_path / "cut_at_graph.onnx").read_bytes())
+    np.savez(tmp_path / "f64.npz", h0=np.zeros(2), xs=np.zeros((3, 2), np.float32))
+    np.savez(tmp_path / "rank.npz", h0=np.zeros(2, np.float32), xs=np.zeros(3, np.float32))
+    (tmp_path / "f64pb").mkdir()
+    for i, (name, value) in enumerate([("h0", np.zeros(2, np.float32)), ("xs", np.zeros((3, 2)))]):
+        proto = numpy_helper.from_array(value, name).SerializeToString()
+        (tmp_path / "f64pb" / f"input_{i}.pb").write_bytes(proto)
     return tmp_path
 
 
@@ -81,6 +94,46 @@ def test_a_model_with_findings_exits_1(files: Path) -> None:
     assert done.returncode == 1, done.stderr
     assert "scan-axis-range" in done.stdout
     assert done.stdout.rstrip().endswith("FAILED: 1 finding")
+
+
+def test_a_model_with_findings_is_run_and_exits_1(files: Path) -> None:
+    done = torchscan("check", "broken.onnx", cwd=files)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == ""
+    lines = [" ".join(line.strip("│ ").split()) for line in done.stdout.splitlines()]
+    assert "Findings" in lines
+    assert (
+        "Scan #0 │ scan-axis-range │ scan_input_axes[0] is 5, outside [-2, 1]: │ “Accepted range "
+        "is [-r, r-1] where r ="
+    ) in lines
+    assert "Outputs (none computed)" in lines
+    assert any(line.startswith("onnxruntime │ │ │ │ │ error: [ONNXRuntimeError]") for line in lines)
+    assert any(
+        line.startswith("reference │ │ │ │ │ not supported by this runtime:") for line in lines
+    )
+    assert lines[-1] == "FAILED: 1 finding, onnxruntime error"
+
+
+def test_a_loop_that_never_ends_is_reported_and_not_run(files: Path) -> None:
+    info = oh.make_tensor_value_info
+    body = oh.make_graph(
+        [oh.make_node("Identity", ["c"], ["c2"]), oh.make_node("Neg", ["v"], ["v2"])],
+        "body",
+        [info("i", TensorProto.INT64, ()), info("c", TensorProto.BOOL, ()), info("v", 1, (2,))],
+        [info("c2", TensorProto.BOOL, ()), info("v2", 1, (2,))],
+    )
+    loop = oh.make_node("Loop", ["", "", "v0"], ["vT"], body=body, name="forever")
+    graph = oh.make_graph([loop], "main", [info("v0", 1, (2,))], [info("vT", 1, (2,))])
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)]), files / "loop.onnx")
+    done = torchscan("check", "loop.onnx", "--json", cwd=files)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert [f["rule"] for f in report["findings"]] == ["loop-never-ends"]
+    assert report["comparisons"] == []
+    assert report["notes"] == [
+        "the model was not run: Loop 'forever' never ends (see its loop-never-ends finding), so "
+        "no runtime could finish it"
+    ]
 
 
 def test_outputs_that_disagree_with_the_expected_ones_exit_1(files: Path) -> None:
@@ -140,8 +193,52 @@ def test_json_output_parses_and_dims_set_random_inputs(files: Path) -> None:
             ["scan.onnx", "--inputs", "inputs.npz"],
             "torchscan check: error: inputs.npz: no such file",
         ),
+        (
+            ["corrupt.onnx", "--lint-only"],
+            "torchscan check: error: corrupt.onnx: is corrupt: its string graph.node[0].name is "
+            "not valid UTF-8 (b'a\\xfec')",
+        ),
+        (
+            ["cut_at_graph.onnx", "--lint-only"],
+            "torchscan check: error: cut_at_graph.onnx: has no opset_import, which every ONNX "
+            "model needs to say the versions of its operators (a file cut short right after its "
+            "graph field reads like this)",
+        ),
+        (
+            ["scan.onnx", "--inputs", "f64.npz"],
+            "torchscan check: error: the arrays of f64.npz give input 'h0' as float64[2], but the "
+            "model takes float32[2]: its element type is float64, not float32",
+        ),
+        (
+            ["scan.onnx", "--inputs", "rank.npz"],
+            "torchscan check: error: the arrays of rank.npz give input 'xs' as float32[3], but the "
+            "model takes float32[T, 2]: its rank is 1, not 2",
+        ),
+        (
+            ["scan.onnx", "--inputs", "f64pb"],
+            "torchscan check: error: the files of f64pb give input 'xs' as float64[3, 2], but the "
+            "model takes float32[T, 2]: its element type is float64, not float32",
+        ),
+        (
+            ["scan.onnx", "--dim", "T=99999999999"],
+            "torchscan check: error: random input 'xs', float32[99999999999, 2], would hold "
+            "199,999,999,998 elements, more than the 16,777,216 a random input may hold; give its "
+            "dynamic dimensions smaller sizes with dims (--dim NAME=SIZE)",
+        ),
     ],
-    ids=["missing", "not-onnx", "truncated", "no-loop", "missing-inputs"],
+    ids=[
+        "missing",
+        "not-onnx",
+        "truncated",
+        "no-loop",
+        "missing-inputs",
+        "corrupt-string",
+        "cut-at-graph-end",
+        "npz-dtype",
+        "npz-rank",
+        "pb-dtype",
+        "huge-dim",
+    ],
 )
 def test_unreadable_input_exits_2_with_one_line(files: Path, args: list[str], line: str) -> None:
     done = torchscan("check", *args, cwd=files)
@@ -156,6 +253,27 @@ def test_a_malformed_dim_exits_2(files: Path) -> None:
     assert done.stderr.splitlines()[-1] == (
         "torchscan check: error: argument --dim: expected NAME=SIZE with SIZE a whole number, "
         "not 'T'"
+    )
+
+
+def test_a_model_importing_no_default_opset_exits_2_even_to_lint(files: Path) -> None:
+    m = scan_model()
+    m.opset_import[0].domain = "com.example"
+    onnx.save(m, files / "no_opset.onnx")
+    done = torchscan("check", "no_opset.onnx", "--lint-only", cwd=files)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "torchscan check: error: no_opset.onnx: imports no version of the default ONNX domain (no "
+        'opset_import for "" or "ai.onnx"), so the version in force for Scan #0 is unknown and it '
+        "cannot be checked\n"
+    )
+
+
+def test_a_dim_too_large_to_read_exits_2(files: Path) -> None:
+    done = torchscan("check", "scan.onnx", "--dim", "T=" + "9" * 5000, cwd=files)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        f"torchscan check: error: argument --dim: SIZE is too large in 'T={'9' * 5000}'"
     )
 
 
@@ -178,3 +296,20 @@ def test_importing_torchscan_and_its_cli_imports_no_onnx() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_running_out_of_memory_is_one_line_and_exits_2(monkeypatch, capsys) -> None:
+    from torchscan import _cli
+    from torchscan.onnx import _compare
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(_compare, "check", exhausted)
+    assert _cli.main(["check", "model.onnx"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "torchscan check: error: out of memory reading or running the model; give dynamic "
+        "dimensions smaller sizes with --dim NAME=SIZE\n"
+    )

@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
         type=_dim,
         default=[],
         metavar="NAME=SIZE",
-        help="size of a dynamic dimension of random inputs (repeatable); unset ones get 3, 4, ...",
+        help="size of a dynamic dimension of random inputs (repeatable); each unset one gets a "
+        "size of its own, 3, 4, ... skipping static sizes, except that the lengths of one Scan's "
+        "scan inputs get one size",
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument(
@@ -77,10 +79,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _dim(text: str) -> tuple[str, int]:
     name, sep, size = text.partition("=")
-    if not (sep and name and size.isdigit()):
+    if not (sep and name and size.isascii() and size.isdigit()):
         raise argparse.ArgumentTypeError(
             f"expected NAME=SIZE with SIZE a whole number, not {text!r}"
         )
+    if len(size.lstrip("0")) > 18:  # int() refuses past 4300 digits; no size is near this
+        raise argparse.ArgumentTypeError(f"SIZE is too large in {text!r}")
     return name, int(size)
 
 
@@ -98,6 +102,13 @@ def _check(options: argparse.Namespace) -> int:
         )
     except (OSError, ValueError) as error:
         print(f"torchscan check: error: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    except MemoryError:
+        print(
+            "torchscan check: error: out of memory reading or running the model; give dynamic "
+            "dimensions smaller sizes with --dim NAME=SIZE",
+            file=sys.stderr,
+        )
         return EXIT_UNREADABLE
     if options.json:
         print(report.to_json())

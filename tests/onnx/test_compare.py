@@ -86,6 +86,19 @@ def test_the_backend_cases_are_all_the_scan_and_loop_cases() -> None:
 
 
 @pytest.mark.parametrize("name", BACKEND_CASES)
+def test_an_onnx_backend_case_read_from_its_files_matches_its_expected_outputs(
+    name: str, tmp_path: Path
+) -> None:
+    case = backend_cases()[name]
+    write_case(tmp_path, case.model, *case.data_sets[0])
+    report = torchscan.onnx.check(tmp_path / "model.onnx", inputs=tmp_path / "test_data_set_0")
+    assert report.ok, report
+    statuses = {c.source: c.status for c in report.comparisons}
+    reference = "unsupported" if name == "test_scan_sum" else "ok"  # Scan-8
+    assert statuses == {"expected": "baseline", "onnxruntime": "ok", "reference": reference}
+
+
+@pytest.mark.parametrize("name", BACKEND_CASES)
 def test_an_onnx_backend_case_passes_lint_and_matches_its_expected_outputs(name: str) -> None:
     case = backend_cases()[name]
     inputs, outputs = case.data_sets[0]
@@ -116,11 +129,21 @@ def write_case(folder: Path, model: onnx.ModelProto, inputs: list, outputs: list
         ("output", outputs, model.graph.output),
     ):
         for i, (value, info) in enumerate(zip(values, infos, strict=True)):
-            if info.type.HasField("sequence_type"):
-                proto = numpy_helper.from_list([np.asarray(v) for v in value], info.name)
-            else:
-                proto = numpy_helper.from_array(np.asarray(value), info.name)
+            proto = _value_proto(value, info.type, info.name)
             (data / f"{prefix}_{i}.pb").write_bytes(proto.SerializeToString())
+
+
+def _value_proto(value, type_proto: onnx.TypeProto, name: str):
+    """A value as ONNX's backend tests save it: TensorProto, SequenceProto or OptionalProto."""
+    if type_proto.HasField("optional_type"):
+        elem = type_proto.optional_type.elem_type
+        kind = onnx.OptionalProto.SEQUENCE if elem.HasField("sequence_type") else None
+        kind = kind or onnx.OptionalProto.TENSOR
+        inner = value if value is None or isinstance(value, list) else np.asarray(value)
+        return numpy_helper.from_optional(inner, name, kind)
+    if type_proto.HasField("sequence_type"):
+        return numpy_helper.from_list([np.asarray(v) for v in value], name)
+    return numpy_helper.from_array(np.asarray(value), name)
 
 
 # --- exported models ---------------------------------------------------------------------------
@@ -226,10 +249,123 @@ def test_a_module_that_disagrees_is_a_mismatch(torchscan_export) -> None:
     assert report.summary() == "FAILED: onnxruntime mismatch"
 
 
-def test_random_dynamic_dimensions_get_sizes_of_their_own(torchscan_export) -> None:
+def test_a_random_dynamic_dimension_gets_a_size_no_static_dimension_has(torchscan_export) -> None:
     _, _, model = torchscan_export
+    # 2, 3 and 4 are sizes of the inputs (and of the GRU's weights, with 12): T is 5.
     report = torchscan.onnx.check(model, runtimes=("onnxruntime",))
-    assert report.inputs == ("source: random (seed 0)", "xs: float32[2, 3, 3]", "h: float32[2, 4]")
+    assert report.ok, report
+    assert report.inputs == ("source: random (seed 0)", "xs: float32[2, 5, 3]", "h: float32[2, 4]")
+
+
+def _scan_over(*xs: tuple, h: tuple = (2,), axes: list[int] | None = None) -> onnx.ModelProto:
+    """``h = h + x0 + x1 + ...`` over scan inputs of the given shapes (per step: h's shape)."""
+    names = [f"x{j}" for j in range(len(xs))]
+    body = oh.make_graph(
+        [oh.make_node("Sum", ["h_in", *[f"{n}_t" for n in names]], ["h_out"])],
+        "body",
+        [
+            _info("h_in", TensorProto.FLOAT, h),
+            *[_info(f"{n}_t", TensorProto.FLOAT, h) for n in names],
+        ],
+        [_info("h_out", TensorProto.FLOAT, h)],
+    )
+    attributes = {"scan_input_axes": axes} if axes else {}
+    scan = oh.make_node(
+        "Scan", ["h0", *names], ["hT"], body=body, num_scan_inputs=len(xs), **attributes
+    )
+    inputs = [_info("h0", TensorProto.FLOAT, h)]
+    inputs += [_info(n, TensorProto.FLOAT, shape) for n, shape in zip(names, xs, strict=True)]
+    graph = oh.make_graph([scan], "main", inputs, [_info("hT", TensorProto.FLOAT, h)])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
+
+
+def _random_shapes(model: onnx.ModelProto, **dims: int) -> dict[str, tuple]:
+    return {name: value.shape for name, value in _compare.random_inputs(model, dims).items()}
+
+
+def test_the_scan_inputs_of_one_scan_get_one_length_whatever_their_dimension_names() -> None:
+    model = _scan_over(("T", 2), ("U", 2))
+    assert _random_shapes(model) == {"h0": (2,), "x0": (3, 2), "x1": (3, 2)}
+    assert _random_shapes(model, U=6) == {"h0": (2,), "x0": (6, 2), "x1": (6, 2)}
+    report = torchscan.onnx.check(model)
+    assert report.ok, report
+    assert [c.status for c in report.comparisons] == ["baseline", "ok"]
+
+
+def test_a_scan_input_of_dynamic_length_gets_the_length_of_a_static_one() -> None:
+    model = _scan_over((4, 2), ("U", 2))
+    assert _random_shapes(model) == {"h0": (2,), "x0": (4, 2), "x1": (4, 2)}
+
+
+def test_dimensions_that_are_not_scanned_together_get_sizes_of_their_own() -> None:
+    # B is the batch, T the time along axis 1, and 3 a static size: all differ.
+    model = _scan_over(("B", "T"), ("B", "T"), h=("B",), axes=[1, 1])
+    assert _random_shapes(model) == {"h0": (3,), "x0": (3, 4), "x1": (3, 4)}
+    model = _scan_over(("B", "T", 3), h=("B", 3), axes=[1])
+    assert _random_shapes(model) == {"h0": (4, 3), "x0": (4, 5, 3)}
+
+
+@pytest.mark.parametrize(
+    ("model", "dims", "message"),
+    [
+        (
+            lambda: _scan_over(("T", 2), ("U", 2)),
+            {"T": 4, "U": 5},
+            "dims sets 'T' to 4 and 'U' to 5, but they must be equal: both are among the lengths "
+            "of the scan inputs of Scan #0",
+        ),
+        (
+            lambda: _scan_over((4, 2), ("U", 2)),
+            {"U": 5},
+            "dims sets 'U' to 5, but it is one of the lengths of the scan inputs of Scan #0, which "
+            "must be equal, and another of them is 4",
+        ),
+    ],
+    ids=["two-names", "static"],
+)
+def test_dims_that_break_a_scan_are_refused(model, dims: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=r"^dims sets ") as raised:
+        torchscan.onnx.check(model(), dims=dims)
+    assert str(raised.value) == message
+
+
+def test_random_inputs_are_arrays_even_scalars_and_a_bool_scalar_is_true() -> None:
+    rng = np.random.default_rng(0)
+    for dtype in (np.bool_, np.complex64, np.complex128, np.float32, np.int64, np.object_):
+        value = _compare._random_array(np.dtype(dtype), (), rng)
+        assert isinstance(value, np.ndarray), dtype
+        assert (value.shape, value.dtype) == ((), np.dtype(dtype))
+    assert _compare._random_array(np.dtype(np.bool_), (), rng).item() is True
+    assert _compare._random_array(np.dtype(np.bool_), (100,), rng).sum() not in (0, 100)
+
+
+def test_onnx_s_test_loop11_passes_on_random_inputs() -> None:
+    # Its inputs: an int64 trip count, a bool cond and a float vector; cond is True, so that the
+    # loop runs (1 to 3 iterations: random integers lie in [1, 3]).
+    report = torchscan.onnx.check(backend_cases()["test_loop11"].model)
+    assert report.ok, report
+    assert report.inputs[1:3] == ("trip_count: int64[]", "cond: bool[]")
+    statuses = {c.source: c.status for c in report.comparisons}
+    assert statuses == {"onnxruntime": "baseline", "reference": "ok"}
+    feeds = _compare.random_inputs(backend_cases()["test_loop11"].model, {})
+    assert (feeds["trip_count"].item(), feeds["cond"].item()) == (3, True)
+    outputs = [(o.name, o.shape) for o in report.comparisons[0].outputs]
+    assert outputs == [("res_y", "(1,)"), ("res_scan", "(3, 1)")]  # 3 iterations, not 0
+
+
+def test_a_loop_that_never_ends_is_not_run() -> None:
+    from .test_lint import loop_model
+
+    model = loop_model(16)
+    model.graph.node[0].input[0] = model.graph.node[0].input[1] = ""
+    report = torchscan.onnx.check(model)
+    assert [f.rule for f in report.findings] == ["loop-never-ends"]
+    assert report.comparisons == ()
+    assert report.notes == (
+        "the model was not run: Loop #0 never ends (see its loop-never-ends finding), so no "
+        "runtime could finish it",
+    )
+    assert not report.ok
 
 
 def test_a_zero_length_scan_is_not_supported_and_does_not_end_the_process(
@@ -433,6 +569,37 @@ def _files(tmp_path: Path) -> dict[str, Path]:
     (tmp_path / "maps" / "input_2.pb").write_bytes(b"")
     more = ["extra.npz", "missing.npz", "folder", "weights.onnx", "one", "garbage", "map.onnx"]
     more.append("maps")
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    bad_inputs = {
+        "f64": (np.zeros(2), x),
+        "shape": (np.zeros(5, np.float32), x),
+        "rank": (np.zeros((2, 2), np.float32), x),
+        "f64pb": (np.zeros(2), x),
+        "shapepb": (np.zeros(2, np.float32), np.zeros((3, 3), np.float32)),
+    }
+    for name, (initial, xs) in bad_inputs.items():
+        if name.endswith("pb"):
+            (tmp_path / name).mkdir()
+            for i, value in enumerate((initial, xs)):
+                proto = numpy_helper.from_array(value, ["initial", "x"][i])
+                (tmp_path / name / f"input_{i}.pb").write_bytes(proto.SerializeToString())
+            more.append(name)
+        else:
+            np.savez(tmp_path / f"{name}.npz", initial=initial, x=xs)
+            more.append(f"{name}.npz")
+    named = onnx.ModelProto()
+    named.CopyFrom(_scan9())
+    named.graph.node[0].name = "abc"
+    data = named.SerializeToString()
+    assert data.count(b"abc") == 1
+    (tmp_path / "corrupt.onnx").write_bytes(data.replace(b"abc", b"a\xfec"))
+    without_opsets = onnx.ModelProto()
+    without_opsets.CopyFrom(_scan9())
+    del without_opsets.opset_import[:]
+    cut = without_opsets.SerializeToString()
+    assert model.startswith(cut)  # the model cut right after its graph field
+    (tmp_path / "cut_at_graph.onnx").write_bytes(cut)
+    more += ["corrupt.onnx", "cut_at_graph.onnx"]
     return {name: tmp_path / name for name in [*files, *more]}
 
 
@@ -586,6 +753,96 @@ CHECK_ERRORS: dict[str, tuple[Callable[[dict], object], type, str]] = {
         "args hold 1 tensors, but the model has 2 inputs (initial, x); give the model's inputs "
         "with inputs",
     ),
+    "inputs of another type": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["f64.npz"]),
+        ValueError,
+        "the arrays of {f64.npz} give input 'initial' as float64[2], but the model takes "
+        "float32[2]: its element type is float64, not float32",
+    ),
+    "inputs of another shape": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["shape.npz"]),
+        ValueError,
+        "the arrays of {shape.npz} give input 'initial' as float32[5], but the model takes "
+        "float32[2]: its dimension 0 is 5, not 2",
+    ),
+    "inputs of another rank": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["rank.npz"]),
+        ValueError,
+        "the arrays of {rank.npz} give input 'initial' as float32[2, 2], but the model takes "
+        "float32[2]: its rank is 2, not 1",
+    ),
+    "pb files of another type": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["f64pb"]),
+        ValueError,
+        "the files of {f64pb} give input 'initial' as float64[2], but the model takes "
+        "float32[2]: its element type is float64, not float32",
+    ),
+    "pb files of another shape": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=f["shapepb"]),
+        ValueError,
+        "the files of {shapepb} give input 'x' as float32[3, 3], but the model takes "
+        "float32[3, 2]: its dimension 1 is 3, not 2",
+    ),
+    "given values of another type": (
+        lambda f: torchscan.onnx.check(
+            f["scan.onnx"], inputs={"initial": np.zeros(2, np.int32), "x": np.zeros((3, 2))}
+        ),
+        ValueError,
+        "the inputs give input 'initial' as int32[2], but the model takes float32[2]: its "
+        "element type is int32, not float32",
+    ),
+    "args of another type": (
+        lambda f: torchscan.onnx.check(
+            f["scan.onnx"],
+            module=torch.nn.Identity(),
+            args=(torch.zeros(2, dtype=torch.float64), torch.zeros(3, 2)),
+        ),
+        ValueError,
+        "the tensors of args give input 'initial' as float64[2], but the model takes "
+        "float32[2]: its element type is float64, not float32",
+    ),
+    "a tensor for a sequence": (
+        lambda f: torchscan.onnx.check(
+            backend_cases()["test_loop13_seq"].model,
+            inputs=[np.array(2), np.array(True), np.zeros(2, np.float32)],
+        ),
+        ValueError,
+        "the inputs give input 'seq_empty' as float32[2], but the model takes seq of float32[]: "
+        "it is not a sequence (give a list of tensors)",
+    ),
+    "a sequence of another type": (
+        lambda f: torchscan.onnx.check(
+            backend_cases()["test_loop13_seq"].model,
+            inputs=[np.array(2), np.array(True), [np.zeros(2, np.int64)]],
+        ),
+        ValueError,
+        "the inputs give input 'seq_empty' as seq[1] of int64[2], but the model takes seq of "
+        "float32[]: its element 0: its element type is int64, not float32",
+    ),
+    "None for a tensor": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], inputs=[None, np.zeros((3, 2))]),
+        ValueError,
+        "the inputs give input 'initial' as None, but the model takes float32[2]: it is not a "
+        "tensor",
+    ),
+    "corrupt string": (
+        lambda f: torchscan.onnx.check(f["corrupt.onnx"]),
+        ValueError,
+        "{corrupt.onnx}: is corrupt: its string graph.node[0].name is not valid UTF-8 (b'a\\xfec')",
+    ),
+    "cut right after the graph": (
+        lambda f: torchscan.onnx.check(f["cut_at_graph.onnx"], runtimes=()),
+        ValueError,
+        "{cut_at_graph.onnx}: has no opset_import, which every ONNX model needs to say the "
+        "versions of its operators (a file cut short right after its graph field reads like this)",
+    ),
+    "random input too large": (
+        lambda f: torchscan.onnx.check(_scan_over(("T", 2)), dims={"T": 10**11}),
+        ValueError,
+        "random input 'x0', float32[100000000000, 2], would hold 200,000,000,000 elements, more "
+        "than the 16,777,216 a random input may hold; give its dynamic dimensions smaller sizes "
+        "with dims (--dim NAME=SIZE)",
+    ),
     "unknown runtime": (
         lambda f: torchscan.onnx.check(f["scan.onnx"], runtimes=("tensorrt",)),
         ValueError,
@@ -619,6 +876,23 @@ def test_bad_input_raises_a_clear_error(case: str, tmp_path: Path) -> None:
     with pytest.raises(error) as raised:
         call(files)
     assert str(raised.value).startswith(expected)
+
+
+def test_a_random_input_that_does_not_fit_in_memory_is_refused(monkeypatch) -> None:
+    allocate = _compare._random_array
+
+    def exhausted(dtype, shape, rng):
+        if math.prod(shape) > 1000:
+            raise MemoryError
+        return allocate(dtype, shape, rng)
+
+    monkeypatch.setattr(_compare, "_random_array", exhausted)
+    with pytest.raises(ValueError, match=r"^random input 'x0', ") as raised:
+        torchscan.onnx.check(_scan_over(("T", 2)), dims={"T": 10**6})
+    assert str(raised.value) == (
+        "random input 'x0', float32[1000000, 2], does not fit in memory; give its dynamic "
+        "dimensions smaller sizes with dims (--dim NAME=SIZE)"
+    )
 
 
 @pytest.mark.parametrize(

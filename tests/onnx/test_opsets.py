@@ -50,7 +50,7 @@ def test_opsets_outside_the_range_are_refused(opset: int) -> None:
         scan_version(opset)
 
 
-# The element types each version added, from the specification in ../shared/spec.
+# The element types each version added, as the ONNX specification lists them.
 ADDED = {
     ir.DataType.BFLOAT16: 16,
     ir.DataType.FLOAT8E4M3FN: 19,

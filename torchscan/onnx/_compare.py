@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import math
 import os
 import pickle
@@ -55,8 +56,13 @@ SEED = 0
 """Random inputs are drawn from ``numpy.random.default_rng(SEED)``: the same model gets the same
 inputs on every run."""
 FIRST_DEFAULT_DIM = 3
-"""The size of the first dynamic dimension that ``dims`` leaves unset; the next get 4, 5, ..., so
-that two axes mixed up by an export do not go unnoticed by being of one size."""
+"""The smallest size of a dynamic dimension that ``dims`` leaves unset. Each such dimension gets
+a size of its own, 3, 4, 5, ... skipping the sizes of the model's static dimensions, so that two
+axes an export mixed up do not go unnoticed by being of one size; the exception is dimensions the
+specification makes equal (the lengths of the scan inputs of one Scan), which get one size."""
+MAX_RANDOM_ELEMENTS = 2**24
+"""The most elements a random input may hold (16,777,216): larger sizes in ``dims`` are refused
+rather than left to exhaust the memory."""
 
 
 def check(
@@ -90,9 +96,14 @@ def check(
 
     The inputs are, in this order of preference: ``inputs``; the tensors among ``args`` (as
     ``torch.onnx.export`` flattens them) when a module is given; random values built from the
-    model's input types, with dynamic dimensions of the sizes in ``dims`` (each one left unset
-    gets its own size: 3, 4, 5, ... in the order they appear). Random floats are standard normal,
-    integers lie in [1, 3], and the draw is the same on every call.
+    model's input types. Given inputs must be of the element types, ranks and static sizes of
+    the model's inputs. Random inputs have dynamic dimensions of the sizes in ``dims``; one left
+    unset gets a size of its own (3, 4, 5, ... in the order they appear, skipping the sizes of
+    static dimensions), except that dimensions the specification makes equal (the lengths of
+    one Scan's scan inputs along their scan axes) get one size. Random floats are standard
+    normal, integers lie in [1, 3], a bool scalar is True (so that a Loop's ``cond`` lets it
+    run), and the draw is the same on every call. A model with a Loop that can never end (a
+    ``loop-never-ends`` finding) is not run.
 
     Args:
       model: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto``.
@@ -118,12 +129,15 @@ def check(
 
     Raises:
       FileNotFoundError: ``model`` or ``inputs`` names no file.
-      ValueError: the model cannot be read (not ONNX, truncated, empty), has no Scan or Loop
-        node, or the inputs or options do not fit it; the message says which and why.
+      ValueError: the model cannot be read (not ONNX, truncated, empty, corrupt, without the
+        opset imports that give its Scan and Loop nodes a version), has no Scan or Loop node,
+        or the inputs or options do not fit it (inputs of another element type, rank or size;
+        random inputs too large); the message says which and why.
       TypeError: ``model`` is of none of the accepted types.
     """
     _check_options(atol, rtol, runtimes, module, args)
     proto, label = load_model(model)
+    _check_readable(proto, label)
     try:
         linted = _lint.lint(proto)
     except ValueError as error:
@@ -132,8 +146,16 @@ def check(
         raise ValueError(f"{label}: has no Scan or Loop node; there is nothing to check")
     comparisons: tuple[Comparison, ...] = ()
     described: tuple[str, ...] = ()
+    notes = linted.notes
+    endless = [f.node for f in linted.findings if f.rule == "loop-never-ends"]
     if runtimes or module is not None:
         feeds, expected_values, described = _inputs(proto, inputs, expected, module, args, dims)
+    if endless and (runtimes or module is not None):
+        notes += (
+            f"the model was not run: {endless[0]} never ends (see its loop-never-ends finding), "
+            f"so no runtime could finish it",
+        )
+    elif runtimes or module is not None:
         comparisons = compare(
             proto,
             feeds,
@@ -154,7 +176,7 @@ def check(
         inputs=described,
         atol=atol,
         rtol=rtol,
-        notes=linted.notes,
+        notes=notes,
     )
 
 
@@ -233,6 +255,51 @@ def _parse(data: bytes, label: str) -> onnx.ModelProto:
     if not proto.HasField("graph"):
         raise ValueError(f"{label}: is not an ONNX model (it has no graph)")
     return proto
+
+
+def _check_readable(model: onnx.ModelProto, label: str) -> None:
+    """Refuse a model that parsed but that no tool can read: one with a string that is not
+    UTF-8, which protobuf leaves as bytes, or one with no opset_import at all (a model cut short
+    right after its graph field parses so)."""
+    where = _bad_string(model, "")
+    if where is not None:
+        path, value = where
+        raise ValueError(
+            f"{label}: is corrupt: its string {path} is not valid UTF-8 ({value[:40]!r})"
+        )
+    if not model.opset_import:
+        raise ValueError(
+            f"{label}: has no opset_import, which every ONNX model needs to say the versions of "
+            f"its operators (a file cut short right after its graph field reads like this)"
+        )
+
+
+def _bad_string(message: Any, path: str) -> tuple[str, bytes] | None:
+    """The first string field under ``message`` that protobuf could not decode as UTF-8 (and
+    so gives as bytes), with its path as in ``graph.node[3].output[0]``, or None."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    for field in message.DESCRIPTOR.fields:
+        if field.type not in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE):
+            continue  # bytes fields (raw_data) are not read, let alone copied
+        name = f"{path}.{field.name}" if path else field.name
+        repeated = getattr(field, "is_repeated", None)  # protobuf 6.31+; label before it
+        if repeated is None:
+            repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        if repeated:
+            values = [(f"{name}[{i}]", v) for i, v in enumerate(getattr(message, field.name))]
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and not message.HasField(field.name):
+            continue
+        else:
+            values = [(name, getattr(message, field.name))]
+        for where, value in values:
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                found = _bad_string(value, where)
+                if found is not None:
+                    return found
+            elif not isinstance(value, str):
+                return where, value
+    return None
 
 
 def _wire_problem(data: bytes) -> str | None:
@@ -321,7 +388,95 @@ def _describe(value: Any) -> str:
         return "None"
     if isinstance(value, list):
         return f"seq[{len(value)}]" + (f" of {_describe(value[0])}" if value else "")
-    return f"{value.dtype}[{', '.join(str(d) for d in value.shape)}]"
+    return f"{_dtype_name(value.dtype)}[{', '.join(str(d) for d in value.shape)}]"
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return "string" if dtype.kind in "OUS" else dtype.name
+
+
+def _type_text(type_proto: onnx.TypeProto) -> str:
+    """An ONNX type in the words of :func:`_describe`, as in ``float32[T, 2]``."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "sequence_type":
+        return f"seq of {_type_text(type_proto.sequence_type.elem_type)}"
+    if kind == "optional_type":
+        return f"optional {_type_text(type_proto.optional_type.elem_type)}"
+    if kind != "tensor_type":
+        return str(kind)
+    tensor = type_proto.tensor_type
+    expected = _np_dtype(tensor.elem_type)
+    name = (
+        _dtype_name(expected)
+        if expected is not None
+        else onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
+    )
+    if not tensor.HasField("shape"):
+        return f"{name} of any shape"
+    return f"{name}[{', '.join(_dim_text(d) for d in tensor.shape.dim)}]"
+
+
+def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
+    if dim.HasField("dim_value"):
+        return str(dim.dim_value)
+    return dim.dim_param if dim.HasField("dim_param") else "?"
+
+
+def _np_dtype(elem_type: int) -> np.dtype | None:
+    if elem_type == onnx.TensorProto.UNDEFINED:
+        return None
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _check_fit(model: onnx.ModelProto, feeds: Mapping[str, Any], what: str) -> None:
+    """Refuse values that the model's inputs do not take, before anything runs: a runtime
+    would fail on them, or worse, onnx.reference would compute in their type."""
+    for info in graph_inputs(model):
+        value = feeds[info.name]
+        problem = _misfit(info.type, value)
+        if problem:
+            raise ValueError(
+                f"{what} give input {info.name!r} as {_describe(value)}, but the model takes "
+                f"{_type_text(info.type)}: {problem}"
+            )
+
+
+def _misfit(type_proto: onnx.TypeProto, value: Any, shapes: bool = True) -> str | None:
+    """Why ``value`` is not of type ``type_proto``, or None. Sequence elements are held to their
+    element type only, as their declared shapes often stand for several shapes."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "optional_type":
+        return None if value is None else _misfit(type_proto.optional_type.elem_type, value)
+    if kind == "sequence_type":
+        if not isinstance(value, list):
+            return "it is not a sequence (give a list of tensors)"
+        for i, item in enumerate(value):
+            problem = _misfit(type_proto.sequence_type.elem_type, item, shapes=False)
+            if problem:
+                return f"its element {i}: {problem}"
+        return None
+    if kind != "tensor_type":
+        return None  # map and sparse inputs: the runtimes say what they make of them
+    if value is None or isinstance(value, list):
+        return "it is not a tensor"
+    tensor = type_proto.tensor_type
+    expected = _np_dtype(tensor.elem_type)
+    if expected is not None and not (
+        value.dtype == expected or (expected.kind == "O" and value.dtype.kind in "OUS")
+    ):
+        return f"its element type is {_dtype_name(value.dtype)}, not {_dtype_name(expected)}"
+    if not (shapes and tensor.HasField("shape")):
+        return None
+    dims = tensor.shape.dim
+    if value.ndim != len(dims):
+        return f"its rank is {value.ndim}, not {len(dims)}"
+    for axis, (dim, size) in enumerate(zip(dims, value.shape, strict=True)):
+        if dim.HasField("dim_value") and dim.dim_value != size:
+            return f"its dimension {axis} is {size}, not {dim.dim_value}"
+    return None
 
 
 def _feeds(model: onnx.ModelProto, values: Any, what: str) -> dict[str, Any]:
@@ -340,13 +495,16 @@ def _feeds(model: onnx.ModelProto, values: Any, what: str) -> dict[str, Any]:
             raise ValueError(
                 f"{what} give no value for model input {missing[0]!r}; its inputs are: {listed}"
             )
-        return {n: _as_value(values[n]) for n in names}
-    values = list(values)
-    if len(values) != len(names):
-        raise ValueError(
-            f"{what} give {len(values)} values, but the model has {len(names)} inputs: {listed}"
-        )
-    return {n: _as_value(v) for n, v in zip(names, values, strict=True)}
+        feeds = {n: _as_value(values[n]) for n in names}
+    else:
+        values = list(values)
+        if len(values) != len(names):
+            raise ValueError(
+                f"{what} give {len(values)} values, but the model has {len(names)} inputs: {listed}"
+            )
+        feeds = {n: _as_value(v) for n, v in zip(names, values, strict=True)}
+    _check_fit(model, feeds, what)
+    return feeds
 
 
 def _by_position(model: onnx.ModelProto, values: Any) -> list[Any]:
@@ -452,12 +610,17 @@ def _read_proto(file: Path, type_proto: onnx.TypeProto) -> Any:
 def random_inputs(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, Any]:
     """Random values for the model's inputs, from their types (see :func:`check`)."""
     infos = graph_inputs(model)
-    sizes = _dim_sizes(infos, dims)
+    sizes = _dim_sizes(model, infos, dims)
     rng = np.random.default_rng(SEED)
     return {info.name: _random_value(info.name, info.type, sizes, rng) for info in infos}
 
 
-def _dim_sizes(infos: Sequence[onnx.ValueInfoProto], dims: Mapping[str, int]) -> dict[str, int]:
+def _dim_sizes(
+    model: onnx.ModelProto, infos: Sequence[onnx.ValueInfoProto], dims: Mapping[str, int]
+) -> dict[str, int]:
+    """The size of each dynamic dimension of the inputs: as ``dims`` sets it, else as the
+    dimensions it must equal (:func:`_equal_dims`), else one of its own that no static
+    dimension of the model has."""
     named: list[str] = []
     for info in infos:
         for dim in _tensor_dims(info.type):
@@ -470,10 +633,127 @@ def _dim_sizes(infos: Sequence[onnx.ValueInfoProto], dims: Mapping[str, int]) ->
                 f"dims sets {name!r}, which is not a dynamic dimension of the model's inputs; "
                 f"theirs are: {listed}"
             )
-        if not isinstance(size, int) or size < 0:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"dims sets {name!r} to {size!r}, not a size (an int at least 0)")
-    defaults = iter(range(FIRST_DEFAULT_DIM, FIRST_DEFAULT_DIM + len(named)))
-    return {name: dims[name] if name in dims else next(defaults) for name in named}
+    parent = {name: name for name in named}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            name = parent[name]
+        return name
+
+    groups = []
+    for why, group in _equal_dims(model):
+        params = [d.dim_param for d in group if d.HasField("dim_param") and d.dim_param in parent]
+        values = {d.dim_value for d in group if d.HasField("dim_value")}
+        for name in params[1:]:
+            parent[root(name)] = root(params[0])
+        if params:
+            groups.append((params[0], why, values))
+    why_of: dict[str, str] = {}
+    static: dict[str, int] = {}
+    for first, why, values in groups:
+        why_of.setdefault(root(first), why)
+        if len(values) == 1:  # several: the lint reports the Scan's inputs
+            static.setdefault(root(first), values.pop())
+    chosen: dict[str, tuple[str, int]] = {}
+    for name in named:
+        if name not in dims:
+            continue
+        group, size = root(name), dims[name]
+        if group in static and static[group] != size:
+            raise ValueError(
+                f"dims sets {name!r} to {size}, but it is one of {why_of[group]}, which must be "
+                f"equal, and another of them is {static[group]}"
+            )
+        if group in chosen and chosen[group][1] != size:
+            other, other_size = chosen[group]
+            raise ValueError(
+                f"dims sets {other!r} to {other_size} and {name!r} to {size}, but they must be "
+                f"equal: both are among {why_of[group]}"
+            )
+        chosen[group] = (name, size)
+    taken = _static_sizes(model) | set(dims.values()) | set(static.values())
+    free = (n for n in itertools.count(FIRST_DEFAULT_DIM) if n not in taken)
+    sizes = {}
+    for name in named:
+        group = root(name)
+        if group not in chosen:
+            chosen[group] = (name, static[group] if group in static else next(free))
+        sizes[name] = chosen[group][1]
+    return sizes
+
+
+def _static_sizes(model: onnx.ModelProto) -> set[int]:
+    """The sizes of the static dimensions of the model's inputs, outputs and initializers."""
+    graph = model.graph
+    sizes = {int(d) for t in graph.initializer for d in t.dims}
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        sizes |= {d.dim_value for d in _tensor_dims(value.type) if d.HasField("dim_value")}
+    return sizes
+
+
+def _equal_dims(model: onnx.ModelProto) -> list[tuple[str, list[onnx.TensorShapeProto.Dimension]]]:
+    """Dimensions the specification makes equal, with what makes them so: the lengths of the
+    scan inputs of each Scan node along their scan axes, and at Scan-8 the batch sizes of its
+    inputs too. The shapes are the model's, completed by ONNX shape inference."""
+    opset = _lint.default_opset(model.opset_import)
+    version = None if opset is None else _lint.version_in_force("Scan", opset)
+    if version is None:
+        return []
+    types: dict[str, onnx.TypeProto] = {}
+    found: list[tuple[str, list[onnx.TensorShapeProto.Dimension]]] = []
+
+    def visit(graph: onnx.GraphProto, prefix: str) -> None:
+        for value in (*graph.input, *graph.value_info, *graph.output):
+            types.setdefault(value.name, value.type)
+        for index, node in enumerate(graph.node):
+            label = f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
+            if node.op_type == "Scan" and node.domain in ("", "ai.onnx"):
+                found.extend(_scan_dims(node, prefix + label, types, version))
+            for attr in node.attribute:
+                for body in [attr.g] if attr.HasField("g") else attr.graphs:
+                    visit(body, f"{prefix}{label} > {attr.name} > ")
+
+    visit(_lint._with_inferred_types(model).graph, "")
+    return found
+
+
+def _scan_dims(
+    node: onnx.NodeProto, label: str, types: Mapping[str, onnx.TypeProto], version: Any
+) -> list[tuple[str, list[onnx.TensorShapeProto.Dimension]]]:
+    attrs = {a.name: a for a in node.attribute}
+    variadic = list(node.input[1:] if version.batch_axis else node.input)
+    m = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
+    if not 1 <= m <= len(variadic):
+        return []
+    shapes = [
+        list(_tensor_dims(types[name])) if name in types and _has_shape(types[name]) else None
+        for name in variadic
+    ]
+    if version.batch_axis:
+        axes = [1] * m
+    elif "scan_input_axes" in attrs:
+        axes = list(attrs["scan_input_axes"].ints)
+    else:
+        axes = [0] * m
+    scans = shapes[len(variadic) - m :]
+    lengths = [
+        dims[axis]
+        for dims, axis in zip(scans, axes, strict=False)
+        if dims is not None and -len(dims) <= axis < len(dims)
+    ]
+    found = [(f"the lengths of the scan inputs of {label}", lengths)]
+    if version.batch_axis:
+        batch = [dims[0] for dims in shapes if dims]
+        found.append((f"the batch sizes of the inputs of {label}", batch))
+    return found
+
+
+def _has_shape(type_proto: onnx.TypeProto) -> bool:
+    return type_proto.WhichOneof("value") == "tensor_type" and type_proto.tensor_type.HasField(
+        "shape"
+    )
 
 
 def _tensor_dims(type_proto: onnx.TypeProto) -> list[onnx.TensorShapeProto.Dimension]:
@@ -505,20 +785,39 @@ def _random_value(
         d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param, FIRST_DEFAULT_DIM)
         for d in tensor.shape.dim
     )
-    return _random_array(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type), shape, rng)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+    what = f"random input {name!r}, {_dtype_name(np.dtype(dtype))}{list(shape)},"
+    count = math.prod(shape)
+    if count > MAX_RANDOM_ELEMENTS:
+        raise ValueError(
+            f"{what} would hold {count:,} elements, more than the {MAX_RANDOM_ELEMENTS:,} a "
+            f"random input may hold; give its dynamic dimensions smaller sizes with dims "
+            f"(--dim NAME=SIZE)"
+        )
+    try:
+        return _random_array(dtype, shape, rng)
+    except MemoryError:
+        raise ValueError(
+            f"{what} does not fit in memory; give its dynamic dimensions smaller sizes with dims "
+            f"(--dim NAME=SIZE)"
+        ) from None
 
 
 def _random_array(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -> Any:
+    """An array (never a numpy scalar: runtimes take arrays) of random values. A bool scalar
+    is True: it is most often the condition of a Loop, which would run no iteration if False."""
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
-        return rng.random(shape) < 0.5
+        return np.array(True) if shape == () else rng.random(shape) < 0.5
     if np.issubdtype(dtype, np.integer):
-        return rng.integers(1, 3, size=shape, endpoint=True).astype(dtype)
-    if np.issubdtype(dtype, np.complexfloating):
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    if dtype == np.object_:
-        return rng.choice(np.array(["a", "b"], dtype=object), size=shape)
-    return rng.standard_normal(shape).astype(dtype)
+        values = rng.integers(1, 3, size=shape, endpoint=True)
+    elif np.issubdtype(dtype, np.complexfloating):
+        values = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+    elif dtype == np.object_:
+        values = rng.choice(np.array(["a", "b"], dtype=object), size=shape)
+    else:
+        values = rng.standard_normal(shape)
+    return np.asarray(values).astype(dtype)
 
 
 def _feeds_from_args(model: onnx.ModelProto, args: Sequence[Any]) -> dict[str, Any]:
@@ -532,7 +831,9 @@ def _feeds_from_args(model: onnx.ModelProto, args: Sequence[Any]) -> dict[str, A
             f"args hold {len(tensors)} tensors, but the model has {len(names)} inputs "
             f"({', '.join(names) or 'none'}); give the model's inputs with inputs"
         )
-    return {n: _torch_to_numpy(t) for n, t in zip(names, tensors, strict=True)}
+    feeds = {n: _torch_to_numpy(t) for n, t in zip(names, tensors, strict=True)}
+    _check_fit(model, feeds, "the tensors of args")
+    return feeds
 
 
 @functools.cache

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -92,6 +93,13 @@ _RULES = (
         "Scan, output final_state_and_scan_outputs",
     ),
     Rule(
+        "scan-omitted-input",
+        "no state variable or scan input is omitted (only Scan-8's `sequence_lens` may be)",
+        "initial_state_and_scan_inputs (variadic) - V: Initial values of the loop’s N state "
+        "variables followed by M scan_inputs",
+        "Scan, inputs",
+    ),
+    Rule(
         "scan-list-length",
         "`scan_input_axes`, `scan_input_directions` (Scan-8: `directions`) have M entries, "
         "`scan_output_axes`, `scan_output_directions` K",
@@ -124,9 +132,13 @@ _RULES = (
     ),
     Rule(
         "scan-element-type",
-        "every input and output has a type the version in force allows",
-        "Type Constraints: V in ( tensor(bool), tensor(complex128), … ): All Tensor types",
-        "Scan, type constraints",
+        "every input and output has a type that the type constraint V of the version in force "
+        "lists",
+        "V in ( tensor(bool), tensor(complex128), tensor(complex64), tensor(double), "
+        "tensor(float), tensor(float16), tensor(int16), tensor(int32), tensor(int64), "
+        "tensor(int8), tensor(string), tensor(uint16), tensor(uint32), tensor(uint64), "
+        "tensor(uint8) ): All Tensor types",
+        "Scan-8, type constraints",
     ),
     Rule(
         "scan-carried-type",
@@ -192,6 +204,20 @@ _RULES = (
         "Loop, type constraints",
     ),
     Rule(
+        "loop-never-ends",
+        "the loop can end: it has `M`, or a `cond` that its body can change",
+        "input (“”, “”): for (int i=0; ; ++i) { cond = … // Note this value is ignored, but is "
+        "required in the body }",
+        "Loop, summary (operating modes)",
+    ),
+    Rule(
+        "loop-omitted-input",
+        "no initial carried value is omitted (only `M` and `cond` may be)",
+        "v_initial (variadic) - V: The initial values of any loop-carried dependencies (values "
+        "that change across loop iterations)",
+        "Loop, inputs",
+    ),
+    Rule(
         "loop-body-inputs",
         "the body has 2+N inputs: iteration number, condition, N carried values",
         "It has 2+N inputs: (iteration_num, condition, loop carried dependencies…).",
@@ -224,9 +250,13 @@ _RULES = (
     ),
     Rule(
         "loop-element-type",
-        "every carried value and output has a type the version in force allows",
-        "Type Constraints: V in ( tensor(bool), tensor(complex128), … ): All Tensor types",
-        "Loop, type constraints",
+        "every carried value and output has a type that the type constraint V of the version in "
+        "force lists",
+        "V in ( tensor(bool), tensor(complex128), tensor(complex64), tensor(double), "
+        "tensor(float), tensor(float16), tensor(int16), tensor(int32), tensor(int64), "
+        "tensor(int8), tensor(string), tensor(uint16), tensor(uint32), tensor(uint64), "
+        "tensor(uint8) ): All Tensor types",
+        "Loop-1, type constraints",
     ),
     Rule(
         "loop-carried-type",
@@ -269,7 +299,9 @@ def lint(model: onnx.ModelProto) -> LintResult:
       The nodes checked, in graph order (a node's bodies right after it), and the findings.
 
     Raises:
-      ValueError: onnx_ir cannot read the model (it has no map types, for one).
+      ValueError: onnx_ir cannot read the model (it has no map types, for one), or a Scan or
+        Loop node's graph imports no version of the default ONNX domain, so that the version
+        in force for the node is unknown.
     """
     opset = default_opset(model.opset_import)
     graph = _deserialize(_with_inferred_types(model))
@@ -277,11 +309,22 @@ def lint(model: onnx.ModelProto) -> LintResult:
     nodes: list[CheckedNode] = []
     notes: set[str] = set()
     scopes = [(graph.graph, "", opset)] + [
-        (function, f"function '{function.name}' > ", _default_opset_ir(function.opset_imports))
+        # a function that imports no default-domain opset uses the model's
+        (
+            function,
+            f"function '{function.name}' > ",
+            _default_opset_ir(function.opset_imports) or opset,
+        )
         for function in graph.functions.values()
     ]
     for nodes_of, prefix, scope_opset in scopes:
         for node, path in _loop_nodes(nodes_of, prefix):
+            if scope_opset is None:
+                raise ValueError(
+                    f'imports no version of the default ONNX domain (no opset_import for "" '
+                    f'or "ai.onnx"), so the version in force for {path} is unknown and it '
+                    f"cannot be checked"
+                )
             site = _site(node, path, scope_opset, findings, notes)
             nodes.append(CheckedNode(path, site.op if site else f"{node.op_type} (not checked)"))
             if site is not None:
@@ -326,11 +369,12 @@ def _deserialize(model: onnx.ModelProto) -> ir.Model:
     disabled, logger.disabled = logger.disabled, True
     try:
         return ir.serde.deserialize_model(model)
-    except ir.serde.SerdeError as error:
+    except Exception as error:  # SerdeError, and whatever a corrupt model makes onnx_ir raise
         cause: BaseException = error
         while cause.__cause__ is not None:  # onnx_ir wraps the reason in errors of its own
             cause = cause.__cause__
-        raise ValueError(f"onnx_ir cannot read the model to lint it: {cause}") from None
+        reason = " ".join(str(cause).split()) or type(cause).__name__
+        raise ValueError(f"onnx_ir cannot read the model to lint it: {reason}") from None
     finally:
         logger.disabled = disabled
 
@@ -438,11 +482,8 @@ class _Site:
 
 
 def _site(
-    node: ir.Node, path: str, opset: int | None, findings: list[Finding], notes: set[str]
+    node: ir.Node, path: str, opset: int, findings: list[Finding], notes: set[str]
 ) -> _Site | None:
-    if opset is None:
-        notes.add("the model imports no default-domain opset: its Scan and Loop are not checked")
-        return None
     version = _version_noted(node.op_type, opset, notes)
     if version is None:
         if node.op_type == "Scan" and _since_in_defs("Scan", opset) is None:
@@ -531,33 +572,69 @@ def _check_attributes(site: _Site, needed: dict[str, str]) -> bool:
     (name -> type name) are there with their types, so that the other rules can run."""
     rule = f"{site.version.op.lower()}-attribute"
     schema_attrs = site.schema.attributes
-    listed = ", ".join(
-        f"{name} (required)" if a.required else name for name, a in sorted(schema_attrs.items())
-    )
-    quote, source = f"{site.op} attributes: {listed}.", f"{site.op}, attributes (onnx.defs)"
     for name, attr in site.node.attributes.items():
         expected = schema_attrs.get(name)
         if expected is None:
             owners = _versions_with_attribute(site.version, name)
             where = f"; it is an attribute of {owners}" if owners else ""
-            site.report(rule, f"{site.op} has no attribute {name!r}{where}.", quote, source)
+            site.report(
+                rule,
+                f"{site.op} has no attribute {name!r}{where}. The attributes of {site.op} are "
+                f"{_listing(sorted(schema_attrs))}.",
+                _attribute_list_text(site.schema),
+                f"{site.op}, attributes",
+            )
         elif not attr.is_ref() and attr.type.name != expected.type.name:
             site.report(
                 rule,
                 f"attribute {name!r} is of type {attr.type.name}, where {site.op} expects "
                 f"{expected.type.name}.",
-                quote,
-                source,
+                _attribute_text(expected),
+                f"{site.op}, attribute {name}",
             )
     for name, a in schema_attrs.items():
         if a.required and name not in site.node.attributes:
-            site.report(rule, f"the required attribute {name!r} is missing.", quote, source)
+            site.report(
+                rule,
+                f"the required attribute {name!r} is missing.",
+                _attribute_text(a),
+                f"{site.op}, attribute {name}",
+            )
     return all(
         name in site.node.attributes
         and not site.node.attributes[name].is_ref()
         and site.node.attributes[name].type.name == type_name
         for name, type_name in needed.items()
     )
+
+
+def _as_in_spec(text: str) -> str:
+    """Text from ``onnx.defs`` as the specification pages print it: on one line, with an
+    ellipsis character for three dots and a right single quotation mark for an apostrophe."""
+    return " ".join(text.replace("...", "…").replace("'", "’").split())
+
+
+def _attribute_text(attr: onnx.defs.OpSchema.Attribute) -> str:
+    """An attribute's entry in the specification, as in ``"num_scan_inputs (required): An
+    attribute specifying the number of scan_inputs M."``."""
+    required = " (required)" if attr.required else ""
+    return f"{attr.name}{required}: {_as_in_spec(attr.description)}"
+
+
+def _attribute_list_text(schema: onnx.defs.OpSchema) -> str:
+    """The specification's list of attributes, each entry cut after its first sentence."""
+    entries = []
+    for name in sorted(schema.attributes):
+        text = _attribute_text(schema.attributes[name])
+        head, dot, rest = text.partition(". ")
+        entries.append(f"{head}. …" if dot and rest else text)
+    return " ".join(entries)
+
+
+def _listing(items: Sequence[str]) -> str:
+    if len(items) < 3:
+        return " and ".join(items)
+    return ", ".join(items[:-1]) + f" and {items[-1]}"
 
 
 def _versions_with_attribute(version: _opsets.OpVersion, name: str) -> str:
@@ -581,7 +658,7 @@ def _check_arity(site: _Site) -> None:
                 rule,
                 f"the node has {count} {what}, where {site.op} takes {low} to {high}.",
                 f"Between {low} and {high} {what}.",
-                f"{site.op}, {what} (onnx.defs)",
+                f"{site.op}, {what}",
             )
 
 
@@ -598,12 +675,13 @@ def _check_types(site: _Site, roles: list[tuple[str, ir.Value | None]]) -> None:
             if first
             else f"; no {site.version.op} version allows it"
         )
+        quote, source = _type_constraint_quote(site.version)
         site.report(
             f"{site.version.op.lower()}-element-type",
             f"{role}, {_named(value)}, is of type {name}, which {site.op} (in force at opset "
-            f"{site.opset}) does not allow{later}.",
-            _type_constraint_quote(site.version),
-            f"{site.op}, type constraints (onnx.defs)",
+            f"{site.opset}) does not allow: {_allowed_statement(site.version)}{later}.",
+            quote,
+            source,
         )
 
 
@@ -620,10 +698,53 @@ def _variadic_constraint(version: _opsets.OpVersion) -> onnx.defs.OpSchema.TypeC
     return next(c for c in schema.type_constraints if c.type_param_str == variadic)
 
 
-def _type_constraint_quote(version: _opsets.OpVersion) -> str:
+_SPEC_PAGES = {"Scan": (8, 9, 11, 16), "Loop": (1, 11, 13, 16)}
+"""The versions whose operator pages the quotes follow. Those pages print the type constraint
+without the " up to IRv4." that onnx.defs has since added to its description; later versions are
+quoted from onnx.defs."""
+
+
+def _type_constraint_quote(version: _opsets.OpVersion) -> tuple[str, str]:
+    """The specification's type constraint V of ``version``, and where it is.
+
+    The list of types comes from onnx.defs, in the order the specification prints it.
+    """
     constraint = _variadic_constraint(version)
-    shown = ", ".join(sorted(constraint.allowed_type_strs)[:2])
-    return f"V in ( {shown}, … ): {constraint.description}"
+    description = constraint.description.strip()
+    source = f"{version.op}-{version.since}, type constraints"
+    if version.since in _SPEC_PAGES[version.op]:
+        description = re.sub(r" up to IRv\d+\.$", "", description)
+    else:
+        source += " (onnx.defs)"
+    listed = ", ".join(sorted(constraint.allowed_type_strs))
+    return f"V in ( {listed} ): {description}", source
+
+
+_KINDS = {
+    "tensor(": "tensors",
+    "seq(tensor(": "sequences of tensors",
+    "optional(tensor(": "optional tensors",
+    "optional(seq(tensor(": "optional sequences of tensors",
+}
+
+
+@functools.cache
+def _allowed_statement(version: _opsets.OpVersion) -> str:
+    """What the type constraint V of ``version`` allows, in words: its description says "All
+    Tensor types", but it means the element types it lists, no others."""
+    elements: dict[str, set[str]] = {}
+    for name in _allowed_types(version):
+        kind, _, element = name.rpartition("tensor(")
+        elements.setdefault(kind + "tensor(", set()).add(element.rstrip(")"))
+    by_set: dict[frozenset[str], list[str]] = {}
+    for kind in _KINDS:
+        if kind in elements:
+            by_set.setdefault(frozenset(elements[kind]), []).append(_KINDS[kind])
+    parts = [
+        f"{_listing(kinds)} of {_n(len(types), 'element type')} ({', '.join(sorted(types))})"
+        for types, kinds in by_set.items()
+    ]
+    return f"{version.op}-{version.since} allows only {', and '.join(parts)}"
 
 
 def _first_opset_allowing(version: _opsets.OpVersion, value: ir.Value, name: str) -> int | None:
@@ -694,6 +815,7 @@ def _lint_scan(site: _Site) -> None:
     layout = _scan_layout(site)
     if layout is None:
         return
+    _check_scan_omitted(site, layout)
     _check_scan_lists(site, layout)
     _check_types(site, _scan_roles(layout))
     if site.version.batch_axis:
@@ -755,6 +877,32 @@ def _scan_roles(layout: _ScanLayout) -> list[tuple[str, ir.Value | None]]:
     ]
 
 
+def _check_scan_omitted(site: _Site, layout: _ScanLayout) -> None:
+    """Every state variable and scan input is given: they are not optional inputs."""
+    for role, value in _scan_roles(layout)[: layout.n + layout.m]:
+        if value is None:
+            site.report(
+                "scan-omitted-input",
+                f"{role} is omitted (its name is empty), but only optional inputs may be, and "
+                f"{_optional_inputs(site)}: each state variable needs an initial value, each "
+                f"scan input a tensor to scan.",
+            )
+
+
+def _optional_inputs(site: _Site) -> str:
+    """Which inputs of the version in force are optional, from its schema, in words."""
+    optional = [
+        p.name
+        for p in site.schema.inputs
+        if p.option == onnx.defs.OpSchema.FormalParameterOption.Optional
+    ]
+    if not optional:
+        return f"{site.op} has none"
+    if len(optional) == 1:
+        return f"the only optional input of {site.op} is {optional[0]}"
+    return f"the optional inputs of {site.op} are {_listing(optional)}"
+
+
 def _check_scan_lists(site: _Site, layout: _ScanLayout) -> None:
     """Length and values of the axes and directions lists the version in force has."""
     lists = {
@@ -800,19 +948,31 @@ def _check_directions(site: _Site, name: str, values: list[int]) -> None:
 
 def _check_scan_axes(site: _Site, layout: _ScanLayout) -> None:
     """Scan-9 and later: every axis within the rank of its tensor, non-negative where the
-    version requires it."""
-    body_out_dims = [_dims(v) for v in layout.body.outputs[layout.n :]]
-    for j, axis in enumerate(layout.input_axes[: layout.m]):
-        _check_axis(site, "scan_input_axes", j, axis, layout.scans[j], _dims(layout.scans[j]))
-    for k, axis in enumerate(layout.output_axes[: layout.k]):
-        dims = _dims(layout.scan_outs[k])
-        if dims is None and k < len(body_out_dims) and body_out_dims[k] is not None:
-            dims = (None, *body_out_dims[k])  # a scan output is its body output, stacked
-        _check_axis(site, "scan_output_axes", k, axis, layout.scan_outs[k], dims)
+    version requires it. Where the rank of a node's value is unknown (in a function, whose
+    values have no types, or for lack of a shape), it is one more than the rank of its element
+    in the body."""
+    body = layout.body
+    elements_in = body.inputs[layout.n :] if len(body.inputs) == layout.n + layout.m else []
+    elements_out = body.outputs[layout.n :] if len(body.outputs) == layout.n + layout.k else []
+    for name, axes, values, elements in (
+        ("scan_input_axes", layout.input_axes[: layout.m], layout.scans, elements_in),
+        ("scan_output_axes", layout.output_axes[: layout.k], layout.scan_outs, elements_out),
+    ):
+        for i, axis in enumerate(axes):
+            dims, element = _dims(values[i]), None
+            if dims is None and i < len(elements) and _dims(elements[i]) is not None:
+                dims, element = (None, *_dims(elements[i])), elements[i]
+            _check_axis(site, name, i, axis, values[i], dims, element)
 
 
 def _check_axis(
-    site: _Site, name: str, i: int, axis: int, value: ir.Value | None, dims: Dims | None
+    site: _Site,
+    name: str,
+    i: int,
+    axis: int,
+    value: ir.Value | None,
+    dims: Dims | None,
+    element: ir.Value | None,
 ) -> None:
     negative_ok = site.version.negative_axes
     if axis < 0 and not negative_ok:
@@ -834,10 +994,16 @@ def _check_axis(
             if name == "scan_input_axes"
             else "Accepted range is [-r, r-1]."
         )
+        rank_of = (
+            f"has rank {rank}"
+            if element is None
+            else f"whose rank is not declared, has rank {rank}, as its element in the body, "
+            f"{element.name!r}, has rank {rank - 1}"
+        )
         site.report(
             "scan-axis-range",
             f"{name}[{i}] is {axis}, outside [{low}, {rank - 1}]: {what} {i}, {_named(value)}, "
-            f"has rank {rank}.",
+            f"{rank_of}.",
             quote,
             f"{site.op}, attribute {name}",
         )
@@ -1055,6 +1221,14 @@ def _lint_loop(site: _Site) -> None:
     _check_scalar(site, "loop-condition", "cond, the condition", cond, "bool")
     init, n = inputs[2:], max(len(inputs) - 2, 0)
     finals, scan_outs = list(node.outputs[:n]), list(node.outputs[n:])
+    for i, value in enumerate(init):
+        if value is None:
+            site.report(
+                "loop-omitted-input",
+                f"initial carried value {i} is omitted (its name is empty), but only optional "
+                f"inputs may be, and {_optional_inputs(site)}: the body's carried value {i} "
+                f"needs a value for the first iteration.",
+            )
     _check_types(
         site,
         [
@@ -1063,6 +1237,7 @@ def _lint_loop(site: _Site) -> None:
             *((f"scan output {k}", v) for k, v in enumerate(scan_outs)),
         ],
     )
+    _check_loop_ends(site, trip_count, cond, body)
     if not _check_loop_body_arity(site, body, n):
         return
     _check_scalar(
@@ -1082,6 +1257,46 @@ def _lint_loop(site: _Site) -> None:
         _check_same_type(site, "loop-carried-type", f"carried value {i}", sides)
     for k, outer in enumerate(scan_outs):
         _check_loop_scan_output(site, k, outer, body.outputs[1 + n + k])
+
+
+def _check_loop_ends(
+    site: _Site, trip_count: ir.Value | None, cond: ir.Value | None, body: ir.Graph
+) -> None:
+    """A Loop without M ends only through its condition: it must have one, which its body can
+    change."""
+    if trip_count is not None:
+        return
+    if cond is None:
+        site.report(
+            "loop-never-ends",
+            "M and cond are both omitted: the loop has no trip count and ignores the condition "
+            "its body yields, so it never ends. The specification allows it, but no run of it "
+            "can finish; give it M or cond.",
+        )
+    elif (
+        len(body.inputs) >= 2 and body.outputs and _passes_through(body.outputs[0], body.inputs[1])
+    ):
+        site.report(
+            "loop-never-ends",
+            f"M is omitted and the body yields its condition input, {body.inputs[1].name!r}, "
+            f"unchanged as its condition, {body.outputs[0].name!r}: once cond is true, the "
+            f"loop never ends.",
+            "input (“”, cond) // Note this is analogous to a while loop bool cond = …; for (int "
+            "i=0; cond; ++i) { cond = …; }",
+        )
+
+
+def _passes_through(output: ir.Value, value: ir.Value) -> bool:
+    """Whether ``output`` is ``value``, directly or through Identity nodes."""
+    seen = 0
+    while output is not value and seen < 1000:
+        producer = output.producer()
+        if producer is None or producer.op_type != "Identity" or not producer.inputs:
+            return False
+        if producer.domain not in _DEFAULT_DOMAINS or producer.inputs[0] is None:
+            return False
+        output, seen = producer.inputs[0], seen + 1
+    return output is value
 
 
 def _check_loop_body_arity(site: _Site, body: ir.Graph, n: int) -> bool:

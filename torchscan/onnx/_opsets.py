@@ -64,7 +64,7 @@ SCAN_25 = OpVersion("Scan", 25, "int2, uint2", negative_axes=True)
 SCAN_VERSIONS = (SCAN_8, SCAN_9, SCAN_11, SCAN_16, SCAN_19, SCAN_21, SCAN_23, SCAN_24, SCAN_25)
 
 LOOP_1 = OpVersion("Loop", 1, "first version")
-LOOP_11 = OpVersion("Loop", 11, "carried values may change shape between iterations")
+LOOP_11 = OpVersion("Loop", 11, "loop-carried values are optional: 2 inputs or more")
 LOOP_13 = OpVersion("Loop", 13, "sequence types")
 LOOP_16 = OpVersion("Loop", 16, "optional types, bfloat16")
 LOOP_19 = OpVersion("Loop", 19, "float8 types")
