@@ -187,21 +187,26 @@ def test_a_large_cap_costs_only_the_iterations_that_run() -> None:
 # -- autograd ----------------------------------------------------------------------------------
 
 
-def test_gradients_equal_python_loop() -> None:
+@pytest.mark.parametrize("last", [0, 2, 3], ids=["stops after 1", "stops after 3", "runs all 4"])
+def test_gradients_equal_python_loop(last: int) -> None:
     cell = torch.nn.GRUCell(H, H, dtype=torch.float64)
     xs = randn(4, 2, H, dtype=torch.float64).requires_grad_()
     init = randn(2, H, dtype=torch.float64).requires_grad_()
 
     def body(i, h):
         h = cell(xs[i], h)
-        return h, h.sum(-1), torchscan.until(h.sum() > 1e9)
+        return h, h.sum(-1), torchscan.until((i >= last) & (h.sum() > -1e9))
 
     def grads(implementation):
         carry, ys = implementation(body, init, trip_count=4)
         return torch.autograd.grad(carry.pow(2).sum() + ys.sum(), [init, xs, *cell.parameters()])
 
-    for actual, expected in zip(grads(torchscan.loop), grads(loop_loop), strict=True):
-        torch.testing.assert_close(actual, expected)
+    actual, expected = grads(torchscan.loop), grads(loop_loop)
+    for got, want in zip(actual, expected, strict=True):
+        torch.testing.assert_close(got, want)
+    # the steps after the stop read nothing: their slices of xs get no gradient
+    assert actual[1][last + 1 :].abs().sum() == 0
+    assert actual[1][: last + 1].abs().sum() > 0
 
 
 def test_gradcheck() -> None:
