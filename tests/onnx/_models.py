@@ -240,6 +240,37 @@ class UntilScan(torch.nn.Module):
         return h, hs
 
 
+class InvariantOutputs(torch.nn.Module):
+    """A per-step output that is a captured parameter, another that is a constant, and a new
+    carry that does not depend on the loop: values no node of the body computes until export
+    adds one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(randn(B, H))
+
+    def forward(self, xs, h):
+        def step(carry, x):
+            h, z = carry
+            h = torch.tanh(h + z + x.sum(-1, keepdim=True))
+            return (h, torch.zeros_like(z)), (h, self.weight, torch.ones(B, H))
+
+        return torchscan.scan(step, (h, h * 2), xs)
+
+
+class IntegerMasks(torch.nn.Module):
+    """Integer work old opsets lack: int64 clamps (Clip before 12 takes floats) and an
+    ``arange < k`` mask (Less before 9 compares floats)."""
+
+    def forward(self, xs, h):
+        def step(c, x):
+            bucket = (x * 3).long().clamp(0, 2)
+            mask = torch.arange(F) < bucket.sum(-1, keepdim=True)
+            return c + (x * mask).sum(-1, keepdim=True), bucket
+
+        return torchscan.scan(step, h, xs)
+
+
 CASES: dict[str, Case] = {
     "elman": Case(Elman, time_major((F,)), dynamic_time(1)),
     "axis1": Case(
@@ -278,4 +309,6 @@ CASES: dict[str, Case] = {
     "two-scans": Case(
         TwoScans, time_major((1,)), dynamic_time(1), ops={"Scan": 2}, reference=False
     ),
+    "invariant-outputs": Case(InvariantOutputs, time_major((F,)), dynamic_time(1)),
+    "integer-masks": Case(IntegerMasks, time_major((F,)), dynamic_time(1)),
 }

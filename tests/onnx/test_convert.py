@@ -220,6 +220,15 @@ class Cond(torch.nn.Module):
         return torch.cond(x.sum() > 0, lambda t: torch.sigmoid(t) * 2, lambda t: t - 1, (x,))
 
 
+class Int64Masks(torch.nn.Module):
+    """``arange(n) < k`` masks and int64 comparisons, as sequence-masking code writes them."""
+
+    def forward(self, x, k):
+        steps = torch.arange(x.shape[0])
+        mask = (steps < k).float()[:, None]
+        return x * mask, steps > k, steps.max() < k
+
+
 @dataclasses.dataclass(frozen=True)
 class TorchCase:
     make: Callable[[], torch.nn.Module]
@@ -249,6 +258,9 @@ TORCH_CASES = {
     ),
     "while-loop": TorchCase(WhileLoop, (randn(3, 4), torch.tensor([5]))),
     "cond": TorchCase(Cond, (randn(3, 4),)),
+    "int64-masks": TorchCase(
+        Int64Masks, (randn(5, 3), torch.tensor([2])), ({0: torch.export.Dim("T")}, None)
+    ),
 }
 
 
@@ -457,11 +469,6 @@ REAL_REFUSALS = {
     # GELU is x * (1 + erf(x / sqrt 2)) / 2, and no opset-8 operator computes erf
     ("gelu", 8): "cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf does not "
     "exist before opset 9 and its inputs are not constants",
-    # the loop condition compares int64 counters, which Less-7 takes as floats only, and a float
-    # does not hold every int64
-    ("while-loop", 8): "cannot convert Less (node 'node_lt') from opset 9 to opset 8: 'zeros' is "
-    "of type int64, which Less-7 does not allow (it allows double, float, float16), and no wider "
-    "type it allows holds every value exactly",
 }
 
 REAL_CASES = [*TORCH_CASES, *LOOP_CASES]
@@ -582,15 +589,16 @@ def test_min_and_max_of_integers_convert_below_opset_12(dtype: type, target: int
         assert_same([np.minimum(np.minimum(a, b), c), np.maximum(a, b), a], run(lowered, feeds))
 
 
-def test_min_of_int64_is_refused_at_opset_8() -> None:
-    """Less-7 compares floats only, and no float holds every int64."""
-    with pytest.raises(OpsetConversionError) as raised:
-        convert_model(min_max(I64), 8)
-    assert str(raised.value) == (
-        "cannot convert Less (node 'Less') from opset 9 to opset 8: 'b' is of type int64, which "
-        "Less-7 does not allow (it allows double, float, float16), and no wider type it allows "
-        "holds every value exactly"
-    )
+def test_min_of_int64_converts_to_opset_8() -> None:
+    """Less-7 compares floats only, and no float holds every int64: the comparison is made on
+    the 32-bit halves (see the comparisons below)."""
+    lowered = converted(min_max(I64), 8)
+    for _ in range(5):
+        a, b, c = integers(np.int64, 2, 3), integers(np.int64, 3), integers(np.int64, 1, 1)
+        assert_same(
+            [np.minimum(np.minimum(a, b), c), np.maximum(a, b), a],
+            run(lowered, {"a": a, "b": b, "c": c}),
+        )
 
 
 def test_min_of_int32_converts_to_opset_8() -> None:
@@ -600,3 +608,131 @@ def test_min_of_int32_converts_to_opset_8() -> None:
         [np.minimum(np.minimum(a, b), c), np.maximum(a, b), a],
         run(lowered, {"a": a, "b": b, "c": c}),
     )
+
+
+# -- body outputs that are constants --------------------------------------------------------------
+
+
+def invariant_body_outputs(op: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A loop whose body emits initializers of its own as outputs, as onnxscript's optimizer
+    leaves a body that returns a captured weight or ``torch.zeros_like`` of a static shape: the
+    new carry ``z`` and the output ``y`` of every step (and, for a Loop, its condition) are
+    constants of the body, which the body also reads. A Scan is also nested in a Scan, its inner
+    body emitting a constant."""
+    weight, zeros = normal(B, H), np.zeros((B, H), np.float32)
+    body_constants = [const(f"{op}_w", weight), const(f"{op}_zeros", zeros)]
+    if op == "loop":
+        body = oh.make_graph(
+            [oh.make_node("Add", ["s", "z"], ["s_sum"]),
+             oh.make_node("Add", ["s_sum", "loop_w"], ["s_next"])], "body",
+            [info("i", I64, []), info("cond", BOOL, []), info("s", F32, [B, H]),
+             info("z", F32, [B, H])],
+            [info("loop_yes", BOOL, []), info("s_next", F32, [B, H]),
+             info("loop_zeros", F32, [B, H]), info("loop_w", F32, [B, H])],
+            [*body_constants, const("loop_yes", True)],
+        )  # fmt: skip
+        node = oh.make_node("Loop", ["n", "", "s0", "z0"], ["s_last", "z_last", "ys"], body=body)
+        inputs = [info("n", I64, []), info("s0", F32, [B, H]), info("z0", F32, [B, H])]
+        feeds = {"n": np.array(4, np.int64)}
+    else:
+        step = [
+            oh.make_node("Add", ["s", "z"], ["s_sum"]),
+            oh.make_node("Add", ["s_sum", f"{op}_w"], ["s_weighted"]),
+            oh.make_node("Add", ["s_weighted", "x"], ["s_next"]),
+        ]
+        y = f"{op}_w"
+        if op == "scan-in-scan":
+            inner = oh.make_graph(
+                [oh.make_node("Add", ["a", "v"], ["a_next"])], "inner",
+                [info("a", F32, [H]), info("v", F32, [H])],
+                [info("a_next", F32, [H]), info("inner_w", F32, [H])],
+                [const("inner_w", weight[0])],
+            )  # fmt: skip
+            step.append(
+                oh.make_node("Scan", ["row", "x"], ["a_last", "ws"], body=inner,
+                             num_scan_inputs=1)
+            )  # fmt: skip
+            y = "ws"
+        body = oh.make_graph(
+            step, "body",
+            [info("s", F32, [B, H]), info("z", F32, [B, H]), info("x", F32, [B, H])],
+            [info("s_next", F32, [B, H]), info(f"{op}_zeros", F32, [B, H]),
+             info(y, F32, [B, H])],
+            body_constants,
+        )  # fmt: skip
+        node = oh.make_node(
+            "Scan", ["s0", "z0", "xs"], ["s_last", "z_last", "ys"], body=body, num_scan_inputs=1
+        )
+        inputs = [info("s0", F32, [B, H]), info("z0", F32, [B, H]), info("xs", F32, [T, B, H])]
+        feeds = {"xs": normal(T, B, H)}
+    outputs = [info("s_last", F32, [B, H]), info("z_last", F32, [B, H]), info("ys", F32)]
+    model = build([node], inputs, outputs, [const("row", np.zeros(H, np.float32))])
+    return model, {**feeds, "s0": normal(B, H), "z0": normal(B, H)}
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("op", ["scan", "loop", "scan-in-scan"])
+def test_body_outputs_that_are_constants_stay_computed_in_the_body(op: str, target: int) -> None:
+    """IR 3 (opset 8) wants every initializer to be an input of the main graph, so those of
+    bodies move there; a body output must still be computed by a node of the body."""
+    model, feeds = invariant_body_outputs(op)
+    lowered = converted(model, target)
+    assert_same(run(model, feeds), run(lowered, feeds))
+
+
+# -- comparisons of 64-bit integers at opset 8 ----------------------------------------------------
+
+
+def edge_integers(dtype: type) -> np.ndarray:
+    """The edges of ``dtype``, of the 32-bit halves and of double's exact integers, and random
+    values of every magnitude."""
+    info_ = np.iinfo(dtype)
+    around = [0, 1, 2**31, 2**32, 2**33, 2**52, 2**53, 2**62, info_.max]
+    values = {info_.min, info_.min + 1, info_.max - 1}
+    for v in around:
+        for d in (-1, 0, 1):
+            values |= {v + d, -v + d}
+    values = [v for v in values if info_.min <= v <= info_.max]
+    randoms = _rng.integers(info_.min, info_.max, 40, dtype=dtype, endpoint=True)
+    small = _rng.integers(-5, 5, 8) if info_.min < 0 else _rng.integers(0, 5, 8)
+    return np.concatenate([np.array(values, dtype=dtype), randoms, small.astype(dtype)])
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_64_bit_integer_comparisons_convert_to_opset_8(dtype: type) -> None:
+    """Less-7 and Greater-7 take floats only: 64-bit integers are compared as their 32-bit
+    halves, which double holds exactly. Every pair of edge values, against numpy."""
+    elem = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    values = edge_integers(dtype)
+    model = build(
+        [oh.make_node("Less", ["a", "b"], ["less"]), oh.make_node("Greater", ["a", "b"],
+                                                                    ["greater"])],
+        [info("a", elem, [len(values), 1]), info("b", elem, [len(values)])],
+        outputs_of("less", "greater", elem=BOOL),
+    )  # fmt: skip
+    lowered = converted(model, 8)
+    assert {n.op_type for n in lowered.graph.node} >= {"Div", "Less", "Greater"}
+    a, b = values[:, None], values
+    assert_same([np.less(a, b), np.greater(a, b)], run(lowered, {"a": a, "b": b}))
+
+
+@pytest.mark.parametrize("target", [11, 10, 9, 8], ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8])
+@pytest.mark.parametrize("bounds", ["both", "low", "high"])
+def test_clip_of_integers_converts_below_opset_12(bounds: str, dtype: type, target: int) -> None:
+    """Clip-11 and Clip-6 take floats only; integers are clipped by comparing and selecting.
+    A low bound above the high one gives the high one, as Clip and numpy do."""
+    elem = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    inputs = {"both": ["x", "low", "high"], "low": ["x", "low"], "high": ["x", "", "high"]}
+    model = build(
+        [oh.make_node("Clip", inputs[bounds], ["clipped"])],
+        [info("x", elem, [6]), info("low", elem, [])],
+        outputs_of("clipped", elem=elem),
+        [const("high", 9, dtype)],
+    )
+    lowered = converted(model, target)
+    high = None if bounds == "low" else dtype(9)
+    for low in (dtype(0), dtype(3), dtype(12)):
+        x = integers(dtype, 6)
+        expected = np.clip(x, None if bounds == "high" else low, high)
+        assert_same([expected], run(lowered, {"x": x, "low": np.array(low)}))

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 import torchscan
+import torchscan.onnx
+from torchscan.onnx._convert import OpsetConversionError
 from torchscan.onnx._hooks import check_loop_types
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
@@ -62,6 +64,7 @@ def test_torch_jit_trace_is_refused() -> None:
 
 def test_export_error_is_a_not_implemented_error() -> None:
     assert issubclass(torchscan.ExportError, NotImplementedError)
+    assert issubclass(torchscan.onnx.OpsetConversionError, torchscan.ExportError)
 
 
 class ChangesCarry(torch.nn.Module):
@@ -239,3 +242,59 @@ def test_loop_element_types_are_checked_too() -> None:
         "does not allow; the first opset that allows it is 16. To export it, export with "
         "opset_version=16 or newer, or cast it to a type that opset 13 allows."
     )
+
+
+class Bfloat16Sequence(torch.nn.Module):
+    """A bfloat16 sequence whose per-step cast to float the hoisting pass would batch, leaving
+    the Scan a float32 input: the check holds the scan as written, with or without hoisting."""
+
+    def forward(self, xs, h):
+        return torchscan.scan(lambda c, x: (c + x.float() * 2, c), h, xs.bfloat16())
+
+
+@pytest.mark.parametrize("hoist", [True, False], ids=["hoisted", "not-hoisted"])
+def test_element_types_are_checked_on_the_scan_as_written(hoist: bool) -> None:
+    with (
+        torchscan.onnx.export_options(hoist_loop_invariants=hoist),
+        pytest.raises(torchscan.ExportError) as info,
+    ):
+        export(Bfloat16Sequence(), 15)
+    assert str(info.value) == (
+        "torchscan: the Scan node 'node_torchscan_scan__1' has scanned sequence 0, tensor "
+        "'_to_copy', of element type bfloat16, which Scan-11 (the version in force at opset 15) "
+        "does not allow; the first opset that allows it is 16. To export it, export with "
+        "opset_version=16 or newer, or cast it to a type that opset 15 allows."
+    )
+
+
+# -- conversion below opset 18 --------------------------------------------------------------------
+
+
+class GRUThenGelu(torch.nn.Module):
+    """At opset 8 the model as built holds a SplitToSequence (torch's chunk of the GRU gates),
+    which the optimizer turns into a Split; the real blocker is GELU's Erf."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.GRUCell(2, 2)
+
+    def forward(self, xs, h):
+        ys = torchscan.scan(lambda h, x: (self.cell(x, h),) * 2, h, xs)[1]
+        return torch.nn.functional.gelu(ys)
+
+
+@pytest.mark.parametrize(
+    ("model", "opset", "message"),
+    [
+        (
+            GRUThenGelu, 8,
+            "cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf does not exist "
+            "before opset 9 and its inputs are not constants",
+        ),
+    ],
+    ids=["erf@8"],
+)  # fmt: skip
+def test_conversion_refusals_name_the_real_blocker(model, opset: int, message: str) -> None:
+    with pytest.raises(OpsetConversionError) as info:
+        export(model().eval(), opset)
+    assert str(info.value) == message

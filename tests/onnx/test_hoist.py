@@ -199,3 +199,84 @@ def test_option_off_leaves_bodies_as_translated() -> None:
     from torchscan.onnx import _options
 
     assert _options.current().hoist_loop_invariants
+
+
+# -- element types the target's Scan does not take ----------------------------------------------
+
+BF16 = onnx.TensorProto.BFLOAT16
+
+
+def bfloat16_body() -> ir.Model:
+    """A Scan of float32 inputs and outputs whose body adds in bfloat16: cast per step, the
+    element's cast is batchable, and batched it would be a bfloat16 scanned input."""
+    return scan_model(
+        [
+            oh.make_node("Cast", ["x"], ["x_bf16"], to=BF16),
+            oh.make_node("Cast", ["s"], ["s_bf16"], to=BF16),
+            oh.make_node("Add", ["s_bf16", "x_bf16"], ["sum_bf16"]),
+            oh.make_node("Cast", ["sum_bf16"], ["s_out"], to=onnx.TensorProto.FLOAT),
+            oh.make_node("Identity", ["s_out"], ["y"]),
+        ],
+        SCAN_INPUTS,
+    )
+
+
+def scan_input_types(model: onnx.ModelProto) -> list[int]:
+    return [i.type.tensor_type.elem_type for i in body_of(model).input]
+
+
+@pytest.mark.parametrize("opset", [13, 15, 16, 18])
+def test_no_scanned_input_of_a_type_the_target_scan_refuses(opset: int) -> None:
+    """bfloat16 came with Scan-16: below, the element's cast stays in the body."""
+    model = bfloat16_body()
+    before = ir.serde.serialize_model(model)
+    torchscan.onnx.hoist_loop_invariants(model, opset=opset)
+    after = ir.serde.serialize_model(model)
+    onnx.checker.check_model(after, full_check=True)
+    body_ops = [n.op_type for n in body_of(after).node]
+    if opset < 16:
+        assert body_ops == ["Cast", "Cast", "Add", "Cast", "Identity"]
+        assert BF16 not in scan_input_types(after)
+    else:
+        assert body_ops == ["Cast", "Add", "Cast", "Identity"]  # the element's cast left
+        assert BF16 in scan_input_types(after)
+    inputs = (torch.randn(2, 3), torch.randn(4, 2, 3))
+    for a, b in zip(run_reference(after, inputs), run_reference(before, inputs), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_target_opset_defaults_to_the_models() -> None:
+    model = bfloat16_body()
+    model.opset_imports[""] = 15
+    torchscan.onnx.hoist_loop_invariants(model)
+    assert BF16 not in scan_input_types(ir.serde.serialize_model(model))
+
+
+class BodyOnlyBfloat16(torch.nn.Module):
+    """float32 in and out; only the body computes in bfloat16."""
+
+    def forward(self, xs, h):
+        return torchscan.scan(lambda c, x: ((c.bfloat16() + x.bfloat16()).float(), c), h, xs)
+
+
+@pytest.mark.parametrize("opset", [13, 15])
+def test_bfloat16_inside_a_body_exports_below_opset_16(opset: int) -> None:
+    args = (torch.randn(3, 2, 4), torch.randn(2, 4))
+    shapes = ({0: torch.export.Dim("T", min=1)}, None)
+    models = []
+    for hoist in (True, False):
+        with warnings.catch_warnings(), torchscan.onnx.export_options(hoist_loop_invariants=hoist):
+            warnings.simplefilter("ignore")
+            models.append(
+                torch.onnx.export(
+                    BodyOnlyBfloat16(), args, opset_version=opset, dynamic_shapes=shapes,
+                    verbose=False,
+                ).model_proto
+            )  # fmt: skip
+    for model in models:
+        onnx.checker.check_model(model, full_check=True)
+        assert next(o.version for o in model.opset_import if o.domain == "") == opset
+    inputs = (torch.randn(5, 2, 4), torch.randn(2, 4))
+    hoisted, plain = (run_reference(model, inputs) for model in models)
+    for a, b in zip(hoisted, plain, strict=True):
+        np.testing.assert_array_equal(a, b)

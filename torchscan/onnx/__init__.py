@@ -6,6 +6,7 @@ needs to turn every ``torchscan.scan`` into one ONNX ``Scan`` node of the versio
 """
 
 from torchscan.onnx._compare import check as check
+from torchscan.onnx._convert import OpsetConversionError as OpsetConversionError
 from torchscan.onnx._hoist import hoist_loop_invariants as hoist_loop_invariants
 from torchscan.onnx._opsets import (
     LOOP_VERSIONS as LOOP_VERSIONS,
@@ -39,6 +40,7 @@ __all__ = [
     "ExportOptions",
     "Finding",
     "OpVersion",
+    "OpsetConversionError",
     "OutputDiff",
     "check",
     "export_options",

@@ -44,6 +44,7 @@ import onnx.shape_inference
 import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
+from torchscan._checks import ExportError
 from torchscan.onnx import _convert_adapters, _schema_diff
 from torchscan.onnx._convert_adapters import attribute, constant_of_node, copy_node
 
@@ -54,7 +55,7 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 _SUBGRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
-class OpsetConversionError(NotImplementedError):
+class OpsetConversionError(ExportError):
     """A node that cannot be expressed exactly at an older opset.
 
     ``op`` is its operator, ``node`` its name (``""`` where it has none), ``from_version`` the
@@ -149,14 +150,40 @@ def _drop_stale_value_info(root: onnx.GraphProto) -> None:
 
 def _declare_initializers_as_inputs(root: onnx.GraphProto) -> None:
     """IR 3 requires every initializer to be a graph input; subgraphs cannot take new inputs, so
-    their initializers move to the main graph, whose values every subgraph sees."""
+    their initializers move to the main graph, whose values every subgraph sees.
+
+    A subgraph's output must be computed by a node of that subgraph: an initializer that is one
+    (a body that emits a constant or a captured weight at every step) moves under a new name and
+    the subgraph passes it on with an ``Identity``."""
+    taken = _all_names(root)
     for graph in itertools.islice(_graphs(root), 1, None):
+        outputs = {o.name for o in graph.output}
+        copies = []
+        for init in graph.initializer:
+            if init.name in outputs:
+                moved = _fresh_name(f"{init.name}_value", taken)
+                name = _fresh_name("Identity", taken)
+                copies.append(helper.make_node("Identity", [moved], [init.name], name=name))
+                init.name = moved
+        if copies:  # first, for the nodes of the body that read them
+            nodes = [*copies, *graph.node]
+            del graph.node[:]
+            graph.node.extend(nodes)
         root.initializer.extend(graph.initializer)
         del graph.initializer[:]
     declared = {i.name for i in root.input}
     for init in root.initializer:
         if init.name not in declared:
             root.input.append(helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+
+
+def _fresh_name(base: str, taken: set[str]) -> str:
+    """A name not in ``taken``, which it is added to."""
+    name, counter = base, itertools.count()
+    while name in taken:
+        name = f"{base}_{next(counter)}"
+    taken.add(name)
+    return name
 
 
 class _Scope:

@@ -292,7 +292,7 @@ def _pad_11(node: onnx.NodeProto, ctx: Converter, boundary: int) -> list[onnx.No
 def _clip_11(node: onnx.NodeProto, ctx: Converter, boundary: int) -> list[onnx.NodeProto]:
     """Clip-11 takes ``min`` and ``max`` as inputs, an absent one meaning no bound; Clip-6 takes
     float attributes whose defaults are the largest finite floats, which would clip infinities,
-    so an absent bound becomes an infinite one."""
+    so an absent bound becomes an infinite one. (Integer Clips were rewritten at opset 12.)"""
     bounds = {}
     for index, name, unbounded in ((1, "min", -np.inf), (2, "max", np.inf)):
         if index < len(node.input) and node.input[index]:
@@ -1238,6 +1238,76 @@ def _min_max_12(node: onnx.NodeProto, ctx: Converter, boundary: int) -> list[onn
     if not made:
         made.append(ctx.make_node("Identity", [result], [node.output[0]]))
     return made
+
+
+@_adapts("Clip", 12)
+def _clip_12(node: onnx.NodeProto, ctx: Converter, boundary: int) -> list[onnx.NodeProto]:
+    """Clip-12 takes integer types, which Clip-11 lacks (``x.long().clamp(0, 9)``). For integers
+    it is ``Min(Max(x, min), max)``, which gives ``max`` where ``min > max`` as Clip does, each
+    computed by comparing and selecting (``_min_max_12``); floats keep the node."""
+    elem = ctx.elem_type(node.input[0])
+    if elem is None or elem in _FLOATS:
+        return [copy_node(node)]
+    inputs = [*node.input, "", ""]
+    made: list[onnx.NodeProto] = []
+    current = node.input[0]
+    bounds = [(op, bound) for op, bound in (("Max", inputs[1]), ("Min", inputs[2])) if bound]
+    for position, (op, bound) in enumerate(bounds, start=1):
+        last = position == len(bounds)
+        step = ctx.make_node(op, [current, bound], [node.output[0]] if last else None)
+        ctx.set_type(step.output[0], elem, _static_broadcast(ctx, [current, bound]))
+        made += _min_max_12(step, ctx, 12)
+        current = step.output[0]
+    return made or [ctx.make_node("Identity", [current], [node.output[0]])]
+
+
+_WIDE_INTEGERS = frozenset({TensorProto.INT64, TensorProto.UINT64})
+
+
+@_adapts(["Less", "Greater"], 9)
+def _compare_9(node: onnx.NodeProto, ctx: Converter, boundary: int) -> list[onnx.NodeProto]:
+    """Less-9 and Greater-9 added integer types; Less-7 and Greater-7 compare floats only, and
+    no float holds every int64 or uint64 (smaller integers are compared in double by the check
+    of types at the target).
+
+    Each 64-bit integer ``a`` is split, with opset 7's integer ``Div``, ``Mul`` and ``Sub``,
+    into ``hi = a / 2**32`` and ``lo = a - hi * 2**32``: ``|hi| <= 2**31`` and ``|lo| < 2**32``,
+    both exact in double, and ``a`` is ordered as the pair ``(hi, lo)`` is (with division
+    rounding towards zero, ``lo`` has the sign of ``a``: the values of one ``hi`` are one
+    interval, the intervals ordered as their ``hi``). In double, ``dh = hi_a - hi_b`` and
+    ``dl = lo_a - lo_b`` are exact, and ``|dl| < 2**33``: ``dh * 2**34 + dl`` has the sign of
+    ``dh`` where ``dh`` is not zero (rounding never crosses zero) and is ``dl`` exactly where it
+    is, so comparing it with zero compares ``a`` and ``b`` exactly, for every value."""
+    elem = ctx.elem_type(node.input[0])
+    if elem not in _WIDE_INTEGERS:
+        return [copy_node(node)]
+    shape = _static_broadcast(ctx, list(node.input))
+    made: list[onnx.NodeProto] = []
+
+    def op(name: str, inputs: list[str], kind: int, of: Sequence[int | None] | None, **attrs):
+        new = ctx.make_node(name, inputs, **attrs)
+        ctx.set_type(new.output[0], kind, of)
+        made.append(new)
+        return new.output[0]
+
+    base = ctx.add_const(np.array(2**32, _np_dtype(elem)), "two_pow_32")
+    halves: list[tuple[str, str]] = []
+    for value in node.input:
+        of = ctx.shape(value)
+        hi = op("Div", [value, base], elem, of)
+        lo = op("Sub", [value, op("Mul", [hi, base], elem, of)], elem, of)
+        halves.append(
+            tuple(op("Cast", [v], TensorProto.DOUBLE, of, to=TensorProto.DOUBLE) for v in (hi, lo))
+        )
+    (hi_a, lo_a), (hi_b, lo_b) = halves
+    dh = op("Sub", [hi_a, hi_b], TensorProto.DOUBLE, shape)
+    dl = op("Sub", [lo_a, lo_b], TensorProto.DOUBLE, shape)
+    scale = ctx.add_const(np.float64(2.0**34), "two_pow_34")
+    key = op(
+        "Add", [op("Mul", [dh, scale], TensorProto.DOUBLE, shape), dl], TensorProto.DOUBLE, shape
+    )
+    zero = ctx.add_const(np.float64(0.0), "zero")
+    return [*made, ctx.make_node(node.op_type, [key, zero], [node.output[0]])]
 
 
 # -- Loop and Scan --------------------------------------------------------------------------------

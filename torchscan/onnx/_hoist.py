@@ -14,7 +14,9 @@ kernels do. This pass finds, in every ``Scan`` and ``Loop`` body:
 
 Results are the same up to floating-point rounding (a batched matrix product may sum in another
 order). The pass changes nothing it does not know how to batch: an operator is batched only when
-adding a leading time axis to its per-step inputs gives the per-step results stacked.
+adding a leading time axis to its per-step inputs gives the per-step results stacked. Nor does it
+give a ``Scan`` a new input of an element type that the ``Scan`` version in force at the target
+opset does not allow (a per-step cast to bfloat16 stays in the body below opset 16).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import itertools
 from collections.abc import Iterable
 
 import onnx_ir as ir
+
+from torchscan.onnx import _opsets
 
 # Operators applied element by element, with numpy broadcasting between their inputs.
 _ELEMENTWISE = frozenset(
@@ -61,11 +65,25 @@ class _Names:
         return name
 
 
-def hoist_loop_invariants(model: ir.Model) -> int:
+def hoist_loop_invariants(model: ir.Model, *, opset: int | None = None) -> int:
     """Move loop-invariant and per-step work out of every Scan and Loop body of ``model``, in
-    place. Returns how many body nodes were moved or batched."""
+    place. Returns how many body nodes were moved or batched.
+
+    ``opset`` is the default-domain opset the model is meant for (the model's own by default):
+    no Scan or Loop gets an input or output of an element type its version there does not
+    allow."""
+    if opset is None:
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        if opset is None:
+            raise ValueError("the model imports no default-domain opset")
+    # An opset newer than the version table allows at least what its newest entry allows.
+    opset = min(opset, _opsets.MAX_OPSET)
+    allowed = {
+        "Scan": _opsets.scan_version(opset).element_types,
+        "Loop": _opsets.loop_version(opset).element_types,
+    }
     names = _Names({v.name for v in _all_values(model.graph) if v is not None and v.name})
-    return _visit(model.graph, names)
+    return _visit(model.graph, names, allowed)
 
 
 def _all_values(graph: ir.Graph) -> Iterable[ir.Value]:
@@ -78,14 +96,14 @@ def _all_values(graph: ir.Graph) -> Iterable[ir.Value]:
                 yield from attribute.as_graph().inputs
 
 
-def _visit(graph: ir.Graph, names: _Names) -> int:
+def _visit(graph: ir.Graph, names: _Names, allowed: dict[str, frozenset[ir.DataType]]) -> int:
     moved = 0
     for node in list(graph):
         for attribute in node.attributes.values():
             if attribute.type == ir.AttributeType.GRAPH:
-                moved += _visit(attribute.as_graph(), names)
+                moved += _visit(attribute.as_graph(), names, allowed)
         if node.domain in ("", "ai.onnx") and node.op_type in ("Scan", "Loop"):
-            moved += _hoist(graph, node, names)
+            moved += _hoist(graph, node, names, allowed[node.op_type])
     return moved
 
 
@@ -105,8 +123,34 @@ _VARYING = "varying"  # depends on the carried state (or cannot be moved)
 _OUTSIDE = "outside"  # the same at every step
 
 
-def _hoist(graph: ir.Graph, loop: ir.Node, names: _Names) -> int:
+def _hoist(graph: ir.Graph, loop: ir.Node, names: _Names, allowed: frozenset[ir.DataType]) -> int:
     body = loop.attributes["body"].as_graph()
+    # A per-step value the rest of the body reads becomes a new scanned input: where its element
+    # type is one the loop does not take (or is unknown), its node stays in the body, and the
+    # classification is redone without it.
+    kept: set[ir.Node] = set()
+    while True:
+        kinds, invariant, per_step = _classify_body(loop, body, kept)
+        refused = [v.producer() for v in _frontier(body, per_step) if v.dtype not in allowed]
+        if not refused:
+            break
+        kept.update(refused)
+
+    for node in invariant:
+        _keep_outputs_in_body(body, node, names)
+        body.remove(node)
+        graph.insert_before(loop, node)
+    moved = len(invariant)
+    if per_step:
+        moved += _batch_steps(graph, loop, body, per_step, kinds, names)
+    return moved
+
+
+def _classify_body(
+    loop: ir.Node, body: ir.Graph, kept: set[ir.Node]
+) -> tuple[dict[ir.Value, object], list[ir.Node], list[ir.Node]]:
+    """The kind of every value of ``body``, its invariant nodes and its per-step nodes; the
+    nodes in ``kept`` count as varying."""
     kinds: dict[ir.Value, object] = {}
     if loop.op_type == "Scan":
         n_scanned = loop.attributes["num_scan_inputs"].as_int()
@@ -126,22 +170,24 @@ def _hoist(graph: ir.Graph, loop: ir.Node, names: _Names) -> int:
 
     invariant, per_step = [], []
     for node in body:
-        kind = _classify(node, kinds, body)
+        kind = _VARYING if node in kept else _classify(node, kinds, body)
         for output in node.outputs:
             kinds[output] = kind
         if kind is _OUTSIDE:
             invariant.append(node)
         elif isinstance(kind, _Step):
             per_step.append(node)
+    return kinds, invariant, per_step
 
-    for node in invariant:
-        _keep_outputs_in_body(body, node, names)
-        body.remove(node)
-        graph.insert_before(loop, node)
-    moved = len(invariant)
-    if per_step:
-        moved += _batch_steps(graph, loop, body, per_step, kinds, names)
-    return moved
+
+def _frontier(body: ir.Graph, per_step: list[ir.Node]) -> list[ir.Value]:
+    """The per-step values that the body goes on reading, or emits: its new scanned inputs."""
+    batched = set(per_step)
+    return [
+        v
+        for v in (node.outputs[0] for node in per_step)
+        if v in body.outputs or any(use.node not in batched for use in v.uses())
+    ]
 
 
 def _classify(node: ir.Node, kinds: dict[ir.Value, object], body: ir.Graph) -> object:
@@ -273,11 +319,7 @@ def _batch_steps(
         batched[node.outputs[0]] = output
 
     # Values computed per step that the rest of the body reads become new scanned inputs.
-    frontier = [
-        v
-        for v in (node.outputs[0] for node in per_step)
-        if v in body.outputs or any(use.node not in per_step for use in v.uses())
-    ]
+    frontier = _frontier(body, per_step)
     graph_inputs = list(scan.inputs)
     for value in frontier:
         element = ir.Value(name=names.fresh(f"{value.name}_t"), type=value.type, shape=value.shape)

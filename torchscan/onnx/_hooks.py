@@ -99,7 +99,7 @@ class _ConvertingAPIs:
         check_loop_types(model.graph, target_version)
         ir.passes.common.InlinePass()(model)
         if _options.current().hoist_loop_invariants:
-            _hoist.hoist_loop_invariants(model)
+            _hoist.hoist_loop_invariants(model, opset=target_version)
         if target_version >= _opsets.TORCH_BUILD_OPSET:
             return self._apis.convert_version(model, target_version)
         from torchscan.onnx import _convert
@@ -109,9 +109,15 @@ class _ConvertingAPIs:
             proto = _convert.convert_model(
                 ir.serde.serialize_model(self._apis.optimize(model)), target_version
             )
-        except _convert.OpsetConversionError:
+        except _convert.OpsetConversionError as refused:
             # The optimizer may choose operators the target lacks; the model as built may not.
-            proto = _convert.convert_model(built, target_version)
+            # Where both fail, the optimized model's refusal names the real blocker: the model as
+            # built still holds what the optimizer folds away (a SplitToSequence that is a Split,
+            # a bound computed from constants).
+            try:
+                proto = _convert.convert_model(built, target_version)
+            except _convert.OpsetConversionError:
+                raise refused from None
         converted = ir.serde.deserialize_model(proto)
         converted.meta[self._CONVERTED] = True
         return converted
