@@ -216,6 +216,7 @@ def trace_body(
     used_symbols = _drop_unused_symbols(gm, n_inputs, symbols)
     lifted = _lift_closure_tensors(gm)
     _copy_aliased_outputs(gm)
+    gm.recompile()  # once, after the three edits of the graph
     return gm, (*captured, *used_symbols, *lifted)
 
 
@@ -309,7 +310,6 @@ def _drop_unused_symbols(
             used.append(symbol)
         else:
             gm.graph.erase_node(node)
-    gm.recompile()
     return used
 
 
@@ -336,7 +336,6 @@ def _lift_closure_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
         targets.add(node.target)
     for target in targets:
         delattr(gm, target)
-    gm.recompile()
     return lifted
 
 
@@ -353,7 +352,6 @@ def _copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:
             values[i] = copy
         seen.add(values[i])
     output.args = (tuple(values),)
-    gm.recompile()
 
 
 def _refuse_mutation(gm: torch.fx.GraphModule, n_carries: int, n_sequences: int) -> None:
@@ -377,6 +375,11 @@ def _refuse_mutation(gm: torch.fx.GraphModule, n_carries: int, n_sequences: int)
 # -- from pytrees to the operators -------------------------------------------------------------
 
 
+class _StopsEarly(Exception):
+    """Raised out of the trace of a scan's step that returns ``until``: a Scan cannot stop
+    early, so the scan is traced again as a loop."""
+
+
 class _FlatStep:
     """A step function seen through flat tensors, as the operators call it.
 
@@ -393,6 +396,8 @@ class _FlatStep:
         self.y_spec: Any = None
         self.y_present: list[bool] = []
         self.has_until = False
+        # Set while a scan is traced as a Scan before it is known whether fn stops early.
+        self.refuse_until = False
 
     def carry(self, leaves: Sequence[Any]) -> Any:
         return _pytree.tree_unflatten(_fill(self.present, leaves), self.carry_type.spec)
@@ -400,6 +405,8 @@ class _FlatStep:
     def flatten(self, out: Any) -> tuple[Any, ...]:
         """The flat outputs of one step: new carries, ``y`` leaves, and the stop flag."""
         self.has_until = self.protocol.has_until(out)
+        if self.has_until and self.refuse_until:
+            raise _StopsEarly
         if self.never_ends and not self.has_until:
             raise ValueError(self.never_ends)
         self.carry_type.check(out[0], "")
@@ -449,23 +456,35 @@ def traced_scan(
         n = len(flat.carries)
         return flat.flatten(fn(flat.carry(args[:n]), x_of(args[n : n + len(xs)])))
 
-    flat.probe(step, *flat.carries, *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)])
-    if flat.has_until:
+    # Whether fn stops early decides which operator the scan becomes, and only running fn tells.
+    # Tracing it as a Scan is what almost every scan needs, so that is tried first rather than
+    # running fn once more beforehand: a step that returns until interrupts the trace, before
+    # anything is recorded in the outer graph, and the scan is traced again as a loop.
+    scan_xs, scan_axes = (xs, in_axes) if xs else _empty_sequence(plan.length)
+    flat.refuse_until = True
+    try:
+        out = torchscan_scan(
+            lambda *args: step(*args[: len(flat.carries) + len(xs)]),
+            flat.carries,
+            scan_xs,
+            (),
+            scan_axes,
+            (reverse,) * len(scan_xs),
+            (axis,),
+            (reverse_ys,),
+        )
+    except _StopsEarly:
+        flat.refuse_until = False
         return _scan_as_loop(fn, flat, xs, in_axes, x_of, plan.length, axis, reverse, reverse_ys)
-    if not xs:
-        # A Scan needs a sequence to count its steps: an empty one, (length, 0), costs nothing.
-        xs, in_axes = [torch.empty(plan.length, 0)], [0]
-    out = torchscan_scan(
-        lambda *args: step(*args[: len(flat.carries) + sum(x_present)]),
-        flat.carries,
-        xs,
-        (),
-        in_axes,
-        (reverse,) * len(xs),
-        (axis,),
-        (reverse_ys,),
-    )
+    finally:
+        flat.refuse_until = False
     return flat.unflatten(out)
+
+
+def _empty_sequence(length: Any) -> tuple[list[torch.Tensor], list[int]]:
+    """A Scan needs a sequence to count its steps: an empty one, ``(length, 0)``, costs
+    nothing."""
+    return [torch.empty(length, 0)], [0]
 
 
 def _scan_as_loop(
