@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import gc
 import io
 import json
 import logging
@@ -124,14 +125,22 @@ def progress(message: str) -> None:
 # Timing
 
 
-def interleaved_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+def interleaved_medians(
+    runs: dict[str, Callable[[], object]], repeats: int, collect_garbage: bool = False
+) -> dict[str, float]:
     """Median seconds of every run, each repetition running all of them in rotating order, so
-    that drifts of the machine (frequency, caches, other processes) hit them all alike."""
+    that drifts of the machine (frequency, caches, other processes) hit them all alike.
+
+    ``collect_garbage`` collects before each run what the previous one left, so that it is not
+    collected inside another's timing: for exports, which leave much. Short runs are better
+    without it, as a collection also empties the caches they would find warm."""
     names = list(runs)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(repeats):
         shift = repeat % len(names)
         for name in names[shift:] + names[:shift]:
+            if collect_garbage:
+                gc.collect()
             start = time.perf_counter()
             runs[name]()
             samples[name].append(time.perf_counter() - start)
@@ -489,7 +498,7 @@ def timed_exports(rec: Recurrence, settings: Settings) -> tuple[list[dict], Grap
             latest[name] = export_dynamo(rec, name, xs, carry)
 
         runs = {name: lambda name=name: export(name) for name in names}
-        medians = interleaved_medians(runs, settings.export_repeats)
+        medians = interleaved_medians(runs, settings.export_repeats, collect_garbage=True)
         skipped = {}
         if UNROLLED in latest:
             graphs[UNROLLED][length] = latest.pop(UNROLLED)

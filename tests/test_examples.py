@@ -14,10 +14,16 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 BENCHMARKS = {
     "eager_scan.py": ["--T", "8", "--B", "2", "--H", "4", "--repeats", "3"],
     "export_time.py": ["--T", "4", "--B", "2", "--H", "4", "--repeats", "1"],
+    "onnxruntime_parts.py": ["--cells", "RNN", "LSTM", "--H", "4", "--T", "3", "--repeats", "1"],
     "suite.py": ["--quick"],
 }
 # suite.py prints several tables (--quick: 3 cells, 2 lengths, 1 hidden size, 2 thread settings)
-ROWS = {"eager_scan.py": 9, "export_time.py": 4, "suite.py": 24 + 6 + 6 + 6 + 12}
+ROWS = {
+    "eager_scan.py": 9,
+    "export_time.py": 4,
+    "onnxruntime_parts.py": 2 * 5,
+    "suite.py": 24 + 6 + 6 + 6 + 12,
+}
 
 
 def run(script: Path, *args: str) -> str:
