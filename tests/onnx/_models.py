@@ -213,6 +213,39 @@ class Nested(torch.nn.Module):
         return torchscan.scan(outer, h, xs)
 
 
+class UntilInsideScan(torch.nn.Module):
+    """A scan whose body runs a scan over the features of each step that stops early: a Loop
+    inside a Scan."""
+
+    def forward(self, xs, h):
+        def inner(c, v):
+            c = c * 0.5 + v[:, None]
+            return c, c.sum(-1), torchscan.until(c.sum() > 2.0)
+
+        def outer(h, x):
+            h2, sums = torchscan.scan(inner, h, x, axis=1)  # sums: (B, steps that ran)
+            return torch.tanh(h2), sums.sum(-1)
+
+        return torchscan.scan(outer, h, xs)
+
+
+class ScanInsideUntil(torch.nn.Module):
+    """A scan that stops early whose body runs a plain scan over the features: a Scan inside a
+    Loop."""
+
+    def forward(self, xs, h):
+        def inner(c, v):
+            c = c * 0.5 + v[:, None]
+            return c, c.sum(-1)
+
+        def outer(h, x):
+            h2, sums = torchscan.scan(inner, h, x, axis=1)
+            h2 = torch.tanh(h2)
+            return h2, sums.sum(-1), torchscan.until(h2.sum() > 1.0)
+
+        return torchscan.scan(outer, h, xs)
+
+
 class TwoScans(torch.nn.Module):
     """Two scans in a row: forward then backward over the first one's outputs."""
 
@@ -299,6 +332,16 @@ CASES: dict[str, Case] = {
     "length-only": Case(LengthOnly, time_major((F,)), lambda: None, run_lengths=()),
     "length-of-input": Case(LengthOfInput, time_major((F,)), dynamic_time(1)),
     "nested": Case(Nested, time_major((H,)), dynamic_time(1), ops={"Scan": 2}, reference=False),
+    "until-inside-scan": Case(
+        UntilInsideScan, time_major((H,)), dynamic_time(1), ops={"Scan": 1, "Loop": 1}
+    ),
+    "scan-inside-until": Case(
+        ScanInsideUntil,
+        time_major((H,)),
+        dynamic_time(1),
+        ops={"Scan": 1, "Loop": 1},
+        reference=False,  # the reference evaluator's Scan runs axis 0 only
+    ),
     "until": Case(UntilScan, time_major((F,)), dynamic_time(1), ops={"Loop": 1}),
     "until-axis1-reverse": Case(
         lambda: UntilScan(axis=1, reverse=True),
