@@ -15,7 +15,10 @@ One command measures, for an Elman RNN, an LSTM and a GRU cell (one layer, the p
 * onnxruntime inference of those graphs and of ONNX's own ``RNN`` / ``LSTM`` / ``GRU`` operators
   (the ``torch.nn`` module exported by the TorchScript exporter), 1 thread and onnxruntime's
   default, graph optimisations at their default level (``ORT_ENABLE_ALL``), as deployed; ratios
-  to the ONNX operator.
+  to the ONNX operator. The ``torch.nn`` module exported by ``torch.onnx.export(...,
+  dynamo=True)`` with a dynamic length is measured too where the installed torch exports it
+  right (torch 2.15 on; torch 2.13 and 2.14 fix a Reshape to the example's length, which the
+  suite detects and reports).
 
 Every configuration runs its implementations interleaved in one process (each repetition runs
 all of them, in rotating order) and reports medians. The number of repetitions of a
@@ -68,6 +71,7 @@ NATIVE = "torch.nn module"
 SCAN = "torchscan.scan"
 HOP = "torch._higher_order_ops.scan"
 UNROLLED = "unrolled loop"
+NATIVE_DYNAMO = "torch.nn module, dynamo export"
 ONNX_OP = "ONNX RNN/LSTM/GRU operator"
 
 DYNAMO_OPSET = 18
@@ -474,6 +478,36 @@ def export_torchscript(rec: Recurrence, xs: torch.Tensor, carry: Carry) -> bytes
     return buffer.getvalue()
 
 
+def export_native_dynamo(rec: Recurrence, settings: Settings) -> bytes | str:
+    """The ``torch.nn`` module through ``torch.onnx.export(..., dynamo=True)`` with a dynamic
+    time and batch, or why it is left out: torch 2.13 and 2.14 export ``nn.RNN``/``LSTM``/``GRU``
+    with a Reshape fixed to the example's length, so the model fails at any other length."""
+    xs, carry = rec.inputs(settings.lengths[0], settings.batch)
+    program = torch.onnx.export(
+        rec.models[NATIVE],
+        (xs, carry),
+        dynamo=True,
+        opset_version=DYNAMO_OPSET,
+        dynamic_shapes=dynamic_shapes(rec),
+        verbose=False,
+    )
+    model = program.model_proto.SerializeToString()
+    other_xs, other_carry = rec.inputs(settings.lengths[0] + 1, settings.batch)
+    with torch.no_grad():
+        want = flat(rec.models[LOOP](other_xs, other_carry))
+    arrays = [t.numpy() for t in (other_xs, *flat(other_carry))]
+    release = torch.__version__.split("+")[0]
+    try:
+        got = ort_runner(session(model, 1), arrays)()
+    except Exception:  # onnxruntime's error on a shape fixed at export
+        return f"fails at T other than the example's (torch {release})"
+    try:
+        check_close(NATIVE_DYNAMO, got, want)
+    except AssertionError:
+        return f"wrong values at T other than the example's (torch {release})"
+    return model
+
+
 def unrolled_skip_reason(settings: Settings, seconds: dict[int, float]) -> str:
     longest = max(seconds, default=None)
     measured = f", {seconds[longest]:.1f} s at T={longest}" if longest else ""
@@ -555,6 +589,7 @@ def export_models(settings: Settings) -> tuple[list[dict], dict[tuple[str, int],
                 graphs = untimed_exports(rec, settings)
             xs, carry = rec.inputs(settings.lengths[0], settings.batch)
             graphs[ONNX_OP] = export_torchscript(rec, xs, carry)
+            graphs[NATIVE_DYNAMO] = export_native_dynamo(rec, settings)
             models[kind, hidden] = graphs
     return records, models
 
@@ -563,7 +598,7 @@ def export_models(settings: Settings) -> tuple[list[dict], dict[tuple[str, int],
 # onnxruntime
 
 
-ORT_IMPLEMENTATIONS = (ONNX_OP, UNROLLED, SCAN, HOP)
+ORT_IMPLEMENTATIONS = (ONNX_OP, UNROLLED, SCAN, HOP, NATIVE_DYNAMO)
 
 
 def session(model: bytes, threads: int | None) -> ort.InferenceSession:
@@ -585,7 +620,10 @@ def onnxruntime_speed(
     for (kind, hidden), graphs in models.items():
         rec = Recurrence.make(kind, hidden)
         for threads in thread_settings:
-            sessions = {name: session(graphs[name], threads) for name in (ONNX_OP, SCAN, HOP)}
+            exported = [ONNX_OP, SCAN, HOP]
+            if isinstance(graphs[NATIVE_DYNAMO], bytes):
+                exported.append(NATIVE_DYNAMO)
+            sessions = {name: session(graphs[name], threads) for name in exported}
             for length in settings.lengths:
                 xs, carry = rec.inputs(length, settings.batch)
                 with torch.no_grad():
@@ -599,6 +637,7 @@ def onnxruntime_speed(
                     check_close(f"onnxruntime {name} {kind} T={length}", run(), want)
                 runs = {name: runs[name] for name in ORT_IMPLEMENTATIONS if name in runs}
                 repeats = warm_up(runs, settings)
+                skipped = graphs[NATIVE_DYNAMO]
                 records.append(
                     {
                         "cell": kind,
@@ -607,6 +646,7 @@ def onnxruntime_speed(
                         "threads": threads or "default",
                         "repeats": repeats,
                         "median_s": interleaved_medians(runs, repeats),
+                        "skipped": {NATIVE_DYNAMO: skipped} if isinstance(skipped, str) else {},
                     }
                 )
                 progress(f"onnxruntime {kind} H={hidden} T={length} threads={threads}")
@@ -713,13 +753,15 @@ def export_table(records: list[dict]) -> str:
 
 
 def onnxruntime_table(records: list[dict]) -> str:
-    others = [UNROLLED, SCAN, HOP]
+    others = [UNROLLED, NATIVE_DYNAMO, SCAN, HOP]
     header = ["cell", "H", "T", "threads", "n", f"{ONNX_OP} (ms)", *others]
     rows = []
     for r in records:
-        medians = r["median_s"]
+        medians, skipped = r["median_s"], r.get("skipped", {})
         ratios = [
-            fmt_ratio(medians[n] / medians[ONNX_OP]) if n in medians else "not exported"
+            fmt_ratio(medians[n] / medians[ONNX_OP])
+            if n in medians
+            else skipped.get(n, "not exported")
             for n in others
         ]
         rows.append(
@@ -753,7 +795,7 @@ def headline(results: dict[str, list[dict]], settings: Settings) -> list[str]:
             medians = r["median_s"]
             ratios = ", ".join(
                 f"{name} {fmt_ratio(medians[name] / medians[ONNX_OP])}"
-                for name in (SCAN, HOP, UNROLLED)
+                for name in (SCAN, HOP, UNROLLED, NATIVE_DYNAMO)
                 if name in medians
             )
             lines.append(
@@ -806,8 +848,11 @@ def render(results: dict[str, list[dict]], settings: Settings, environment: dict
         f"operator (the `torch.nn` module through the TorchScript exporter, opset "
         f"{TORCHSCRIPT_OPSET}) and the others' ratio to it, in onnxruntime's "
         "CPUExecutionProvider with graph optimisations at their default level "
-        "(`ORT_ENABLE_ALL`); `threads` is `intra_op_num_threads`. Every graph's outputs were "
-        "checked against the eager model first.\n\n" + onnxruntime_table(results["onnxruntime"]),
+        "(`ORT_ENABLE_ALL`); `threads` is `intra_op_num_threads`. "
+        f"`{NATIVE_DYNAMO}` is the `torch.nn` module through `torch.onnx.export(..., "
+        "dynamo=True)` with a dynamic time axis, where the installed torch exports it right at "
+        "every length (torch 2.15 on). Every graph's outputs were checked against the eager "
+        "model first.\n\n" + onnxruntime_table(results["onnxruntime"]),
     ]
     return "\n\n".join(sections) + "\n"
 
@@ -822,6 +867,7 @@ COLORS = {
     SCAN: "tab:blue",
     HOP: "tab:red",
     UNROLLED: "tab:orange",
+    NATIVE_DYNAMO: "tab:purple",
 }
 
 
@@ -972,7 +1018,11 @@ def plot_onnxruntime(records: list[dict], settings: Settings, path: Path) -> Non
             ax = axes[row][column]
             chosen = [r for r in records if (r["cell"], r["threads"]) == (kind, threads)]
             plot_lines(
-                ax, chosen, (UNROLLED, SCAN, HOP), ratio_to(ONNX_OP), line_styles(settings.hiddens)
+                ax,
+                chosen,
+                (UNROLLED, SCAN, HOP, NATIVE_DYNAMO),
+                ratio_to(ONNX_OP),
+                line_styles(settings.hiddens),
             )
             ax.axhline(1.0, color=COLORS[ONNX_OP], linewidth=1, label=ONNX_OP)
             ax.set_title(f"{CELL_NAMES[kind]}, {threads} thread(s)")

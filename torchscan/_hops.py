@@ -19,7 +19,7 @@ that records the body as a subgraph. Tracing also does what torch's own scan ref
 that alias each other or an input (``return h, h``) get a copy, and tensors and sizes the body
 captures by closure become explicit inputs.
 
-Everything here uses torch's private APIs, which is why ``pyproject.toml`` pins the torch range.
+Everything here uses torch's private APIs, all imported from ``torchscan._compat``.
 """
 
 from __future__ import annotations
@@ -29,24 +29,25 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from torch._C import DispatchKey
-from torch._higher_order_ops.utils import (
-    _maybe_run_with_interpreter,
-    autograd_not_implemented,
-    check_input_alias_and_mutation_return_outputs,
-    reenter_make_fx,
-    register_fake,
-    unique_graph_id,
-)
-from torch._ops import HigherOrderOperator
-from torch.fx.experimental.proxy_tensor import (
-    ProxyTorchDispatchMode,
-    disable_proxy_modes_tracing,
-    track_tensor_tree,
-)
 
 from torchscan import _checks, _pytree
+from torchscan._compat import (
+    DispatchKey,
+    HigherOrderOperator,
+    ProxyTorchDispatchMode,
+    autograd_not_implemented,
+    check_input_alias_and_mutation_return_outputs,
+    detect_fake_mode,
+    disable_proxy_modes_tracing,
+    maybe_run_with_interpreter,
+    non_strict_torch_function_handler,
+    pytree,
+    reenter_make_fx,
+    register_fake,
+    symbolic_symbols,
+    track_tensor_tree,
+    unique_graph_id,
+)
 
 
 class ScanOp(HigherOrderOperator):
@@ -155,7 +156,7 @@ torchscan_scan.py_impl(DispatchKey.Autograd)(
 def _functionalize(ctx, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
     unwrapped = [ctx.unwrap_tensors(group) for group in (carries, xs, captured)]
     with ctx.redispatch_to_next():
-        functional_body = ctx.functionalize(_maybe_run_with_interpreter(body))
+        functional_body = ctx.functionalize(maybe_run_with_interpreter(body))
         out = torchscan_scan(
             functional_body, *unwrapped, in_axes, in_reverse, out_axes, out_reverse
         )
@@ -233,9 +234,8 @@ def _export_indexing() -> Any:
     ``x[i]`` with a 0-d integer tensor ``i`` becomes ``select(x, 0, i.item())`` instead of
     failing on a value known only when the model runs. A body is traced below the operator's
     dispatch, where that handler is no longer active."""
-    from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
 
-    class BodyIndexing(_NonStrictTorchFunctionHandler):
+    class BodyIndexing(non_strict_torch_function_handler()):
         def _override(self, func, args, kwargs):
             if getattr(func, "__name__", "") == "__getitem__" and len(args) == 2:
                 args = (args[0], _pytree.tree_map(_own_index, args[1], is_leaf=_is_index_leaf))
@@ -262,10 +262,6 @@ def _own_index(item: Any) -> Any:
 def _ignore_fresh_unbacked_symbols() -> Any:
     """Sizes a body computes from data (``x[i]`` with a tensor ``i`` reads ``i``'s value) belong to
     the body: they must not be taken for outputs of the outer graph, as torch's while_loop does."""
-    import contextlib
-
-    from torch._guards import detect_fake_mode
-
     fake_mode = detect_fake_mode()
     if fake_mode is None or fake_mode.shape_env is None:
         return contextlib.nullcontext()
@@ -280,10 +276,10 @@ def record(
     example: tuple,
 ) -> Any:
     """Add one call of ``op`` with ``args`` to the outer graph; ``example`` gives its outputs."""
-    _, name = unique_graph_id(mode, prefix=f"{op._name}_body")
+    _, name = unique_graph_id(mode, prefix=f"{op.name()}_body")
     mode.tracer.root.register_module(name, body_gm)
     proxy_args = pytree.tree_map(mode.tracer.unwrap_proxy, args)
-    out_proxy = mode.tracer.create_proxy("call_function", op, proxy_args, {}, name=op._name)
+    out_proxy = mode.tracer.create_proxy("call_function", op, proxy_args, {}, name=op.name())
     return track_tensor_tree(example, out_proxy, constant=None, tracer=mode.tracer)
 
 
@@ -295,7 +291,7 @@ def _output_values(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
 def _outer_symbols(tracer: Any) -> list[torch.SymInt]:
     import sympy
 
-    tracked = getattr(tracer, "sympy_expr_tracker", {})
+    tracked = symbolic_symbols(tracer)
     symbols = [v.value for expr, v in tracked.items() if isinstance(expr, sympy.Symbol)]
     return sorted(symbols, key=lambda s: str(s.node.expr))
 
@@ -579,8 +575,6 @@ def _loop_length(trip_count: Any, cond: Any, has_until: bool) -> Any:
     else can stop the loop, else a new size known only when the model runs."""
     if not has_until and cond is None and isinstance(trip_count, (int, torch.SymInt)):
         return trip_count
-    from torch._guards import detect_fake_mode
-
     shape_env = detect_fake_mode().shape_env
     length = shape_env.create_unbacked_symint()
     torch._check(length >= 0)
@@ -596,7 +590,7 @@ torchscan_loop.py_impl(DispatchKey.Autograd)(
 def _loop_functionalize(ctx, body, trip_count, cond, carries, captured, has_until):
     unwrapped = [ctx.unwrap_tensors(group) for group in (trip_count, cond, carries, captured)]
     with ctx.redispatch_to_next():
-        functional_body = ctx.functionalize(_maybe_run_with_interpreter(body))
+        functional_body = ctx.functionalize(maybe_run_with_interpreter(body))
         out = torchscan_loop(functional_body, *unwrapped, has_until)
     return ctx.wrap_tensors(out)
 

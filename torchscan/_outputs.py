@@ -110,18 +110,16 @@ class Outputs:
     def call_on_fake(self, why: str, fn: Callable, *args: Any) -> Any:
         """Call ``fn(*args)`` on fake tensors (shapes and dtypes, no data) to learn what it
         returns; ``why`` says in errors why it had to be called that way."""
-        from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        from torchscan import _compat
 
         # A shape environment lets values read from data stay symbolic, and torch.export's
         # indexing rules turn ``x[i]`` with a 0-d tensor ``i`` into a select at such a value.
-        fake_mode = FakeTensorMode(
-            allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True
+        fake_mode = _compat.FakeTensorMode(
+            allow_non_fake_inputs=True, shape_env=_compat.shape_env(), static_shapes=True
         )
         global _probing
         outer, _probing = _probing, True
-        with torch.no_grad(), fake_mode as mode, _NonStrictTorchFunctionHandler():
+        with torch.no_grad(), fake_mode as mode, _compat.non_strict_torch_function_handler()():
             fake_args = _pytree.tree_map(
                 lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args
             )

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.utils._cxx_pytree as _fast
-import torch.utils._pytree as _slow
+from torchscan._compat import cxx_pytree as _fast
+from torchscan._compat import pytree as _slow
 
 TreeSpec = Any
 """An opaque structure object; compare two with ``==``."""

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch.onnx
 
+from torchscan import _compat
+
 
 def wrap_torch_onnx_export() -> None:
     original = torch.onnx.export
@@ -40,7 +42,7 @@ def wrap_torch_onnx_export() -> None:
     torch.onnx.export = export
 
 
-_EXPORTER = "torch.onnx._internal.exporter._core"
+_EXPORTER = _compat.ONNX_EXPORTER_MODULE
 
 
 def install_hooks_when_the_exporter_loads() -> None:

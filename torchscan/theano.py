@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.utils._pytree
 from torch.overrides import TorchFunctionMode
 
-from torchscan import _checks
+from torchscan import _checks, _pytree
 from torchscan._loop import loop as _loop
 from torchscan._scan import scan_in_order as _scan_in_order
 from torchscan._steps import Until, until
@@ -374,7 +373,7 @@ def _passed_tensors(non_sequences: Sequence[Any]) -> list[torch.Tensor]:
     (lists, tuples, dicts), and everything a module among them holds: its parameters, buffers
     and tensor attributes, and those of its submodules."""
     found = []
-    for leaf in torch.utils._pytree.tree_leaves(list(non_sequences)):
+    for leaf in _pytree.tree_leaves(list(non_sequences)):
         if isinstance(leaf, torch.Tensor):
             found.append(leaf)
         elif isinstance(leaf, torch.nn.Module):

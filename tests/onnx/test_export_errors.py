@@ -56,7 +56,9 @@ def test_torchscript_exporter_is_refused() -> None:
 
 def test_torch_jit_trace_is_refused() -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace's own
+        # torch.jit.trace's own deprecation: a DeprecationWarning up to torch 2.14, a
+        # FutureWarning from 2.15 on.
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace(_method)?` is deprecated")
         with pytest.raises(torchscan.ExportError) as info:
             torch.jit.trace(Identity(), ARGS)
     assert str(info.value) == TORCHSCRIPT

@@ -822,9 +822,10 @@ def _random_array(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Genera
 
 def _feeds_from_args(model: onnx.ModelProto, args: Sequence[Any]) -> dict[str, Any]:
     import torch
-    import torch.utils._pytree as pytree
 
-    tensors = [leaf for leaf in pytree.tree_leaves(list(args)) if isinstance(leaf, torch.Tensor)]
+    from torchscan import _pytree
+
+    tensors = [leaf for leaf in _pytree.tree_leaves(list(args)) if isinstance(leaf, torch.Tensor)]
     names = [i.name for i in graph_inputs(model)]
     if len(tensors) != len(names):
         raise ValueError(
@@ -977,11 +978,12 @@ def _has_empty_dimension(feeds: Mapping[str, Any]) -> bool:
 
 def _pytorch_outputs(module: Callable[..., Any], args: Sequence[Any]) -> list[Any]:
     import torch
-    import torch.utils._pytree as pytree
+
+    from torchscan import _pytree
 
     with torch.no_grad():
         out = module(*args)
-    return [_as_value(leaf) for leaf in pytree.tree_leaves(out) if leaf is not None]
+    return [_as_value(leaf) for leaf in _pytree.tree_leaves(out) if leaf is not None]
 
 
 # onnx.reference ---------------------------------------------------------------------------------

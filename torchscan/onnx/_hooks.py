@@ -1,6 +1,7 @@
 """How torchscan plugs into ``torch.onnx.export(..., dynamo=True)``, with no argument from the user.
 
-Two private extension points of torch.onnx (torch 2.13) are used, and tests hold both:
+Two private extension points of torch.onnx are used (imported from ``torchscan._compat``, and
+held by tests there and in ``tests/onnx/test_hooks.py``):
 
 * the lookup of translations, ``ONNXRegistry.get_decomps``: torchscan answers it for its own
   operators, also in registries that torch.onnx built before the hooks were installed (the
@@ -14,6 +15,7 @@ Two private extension points of torch.onnx (torch 2.13) are used, and tests hold
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -30,27 +32,30 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from torch.onnx._internal.exporter import _core, _onnx_program, _registration
-
-    from torchscan import _hops
+    from torchscan import _compat, _hops
     from torchscan.onnx import _translate
 
     translations = {
         _hops.torchscan_scan: _translate.scan_to_onnx,
         _hops.torchscan_loop: _translate.loop_to_onnx,
     }
-    _registration.ONNXRegistry.get_decomps = _with_translations(
-        _registration.ONNXRegistry.get_decomps, translations, _registration.OnnxDecompMeta
+    registration, core = _compat.onnx_registration(), _compat.onnx_core()
+    registration.ONNXRegistry.get_decomps = _with_translations(
+        registration.ONNXRegistry.get_decomps, translations, registration.OnnxDecompMeta
     )
-    _core.onnxscript_apis = _onnx_program.onnxscript_apis = _ConvertingAPIs(_core.onnxscript_apis)
-    logging.getLogger("torch.onnx._internal.exporter._compat").addFilter(_drop_stale_warning)
+    core.onnxscript_apis = _compat.onnx_program().onnxscript_apis = _ConvertingAPIs(
+        core.onnxscript_apis
+    )
+    logging.getLogger(_compat.ONNX_OPSET_WARNING[0]).addFilter(_drop_stale_warning)
     _installed = True
 
 
 def _drop_stale_warning(record: logging.LogRecord) -> bool:
     """torch.onnx warns that a model asked below opset 18 may stay at opset 18; with torchscan
     it is converted, or the export fails."""
-    return not str(record.msg).startswith("Setting ONNX exporter to use operator set version")
+    from torchscan import _compat
+
+    return not str(record.msg).startswith(_compat.ONNX_OPSET_WARNING[1])
 
 
 def _with_translations(get_decomps: Any, translations: dict, meta: type) -> Any:
@@ -68,6 +73,7 @@ def _with_translations(get_decomps: Any, translations: dict, meta: type) -> Any:
         for op, function in translations.items()
     }
 
+    @functools.wraps(get_decomps)
     def lookup(registry: Any, target: Any) -> Any:
         for op, found in metas.items():
             if target is op:

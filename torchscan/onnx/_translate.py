@@ -15,11 +15,12 @@ import onnx_ir as ir
 
 
 def _recorder():
-    from torch.onnx._internal.exporter import _core
+    from torchscan import _compat
 
-    if _core.current_tracer is None:
+    tracer = _compat.onnx_core().current_tracer
+    if tracer is None:
         raise RuntimeError("torchscan's ONNX translations run only inside torch.onnx.export")
-    return _core.current_tracer
+    return tracer
 
 
 def _body_graph(

@@ -1,0 +1,307 @@
+"""The one place torchscan reaches into torch's private API.
+
+torchscan's eager loops need none of it. Its traced operators, its fake-tensor probing of output
+shapes and its plugging into ``torch.onnx.export`` do: they are modelled on torch's own
+higher-order operators and on torch.onnx's exporter, whose building blocks are private. Every
+such symbol is imported here, and nowhere else, and listed in :data:`PRIVATE_API` with the
+parameters torchscan passes to it. ``tests/test_compat.py`` checks every entry against the
+installed torch, so that a torch release that moves or changes one fails that test, naming the
+symbol, instead of failing somewhere deep inside an export.
+
+Modules that torch itself imports at ``import torch`` are imported here at once; the others
+(torch.onnx's exporter, which imports onnxscript, and torch.export's non-strict utilities) only
+when a function below is first called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from types import ModuleType
+from typing import Any
+
+import torch.utils._cxx_pytree as cxx_pytree
+import torch.utils._pytree as pytree
+from torch._C import DispatchKey
+from torch._guards import detect_fake_mode
+from torch._higher_order_ops.utils import (
+    _maybe_run_with_interpreter,
+    autograd_not_implemented,
+    check_input_alias_and_mutation_return_outputs,
+    reenter_make_fx,
+    register_fake,
+    unique_graph_id,
+)
+from torch._ops import HigherOrderOperator
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import (
+    ProxyTorchDispatchMode,
+    disable_proxy_modes_tracing,
+    track_tensor_tree,
+)
+
+__all__ = [
+    "ONNX_EXPORTER_MODULE",
+    "ONNX_OPSET_WARNING",
+    "PRIVATE_API",
+    "DispatchKey",
+    "FakeTensorMode",
+    "HigherOrderOperator",
+    "PrivateSymbol",
+    "ProxyTorchDispatchMode",
+    "autograd_not_implemented",
+    "check_input_alias_and_mutation_return_outputs",
+    "cxx_pytree",
+    "detect_fake_mode",
+    "disable_proxy_modes_tracing",
+    "maybe_run_with_interpreter",
+    "non_strict_torch_function_handler",
+    "onnx_core",
+    "onnx_program",
+    "onnx_registration",
+    "pytree",
+    "reenter_make_fx",
+    "register_fake",
+    "shape_env",
+    "symbolic_symbols",
+    "track_tensor_tree",
+    "unique_graph_id",
+]
+
+maybe_run_with_interpreter = _maybe_run_with_interpreter
+
+ONNX_EXPORTER_MODULE = "torch.onnx._internal.exporter._core"
+"""torch.onnx's exporter: importing it is when torchscan's translations are installed."""
+
+ONNX_OPSET_WARNING = (
+    "torch.onnx._internal.exporter._compat",
+    "Setting ONNX exporter to use operator set version",
+)
+"""The logger and the start of torch.onnx's warning that a model asked below opset 18 may stay at
+opset 18, which torchscan's conversion makes untrue."""
+
+
+def non_strict_torch_function_handler() -> type:
+    """The torch function mode with which torch.export's non-strict mode turns ``x[i]`` with a
+    0-d integer tensor ``i`` into ``select(x, 0, i.item())``."""
+    from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
+
+    return _NonStrictTorchFunctionHandler
+
+
+def shape_env() -> Any:
+    """A new ``ShapeEnv``: the symbolic sizes of a fake-tensor mode."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return ShapeEnv()
+
+
+def symbolic_symbols(tracer: Any) -> dict[Any, Any]:
+    """The symbolic sizes a proxy tracer has seen, by sympy expression (empty if none)."""
+    return getattr(tracer, "sympy_expr_tracker", {})
+
+
+def onnx_core() -> ModuleType:
+    """torch.onnx's exporter core: ``current_tracer`` (the recorder of the graph being built)
+    and ``onnxscript_apis`` (the version conversion and optimization it calls)."""
+    return importlib.import_module(ONNX_EXPORTER_MODULE)
+
+
+def onnx_program() -> ModuleType:
+    """torch.onnx's ``ONNXProgram`` module, which reads ``onnxscript_apis`` too."""
+    return importlib.import_module("torch.onnx._internal.exporter._onnx_program")
+
+
+def onnx_registration() -> ModuleType:
+    """torch.onnx's registry of translations: ``ONNXRegistry`` and ``OnnxDecompMeta``."""
+    return importlib.import_module("torch.onnx._internal.exporter._registration")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateSymbol:
+    """One private symbol of torch that torchscan uses.
+
+    ``name`` is a dotted path inside ``module`` (``ShapeEnv.create_unbacked_symint``);
+    ``parameters`` are the parameters torchscan passes (by name, or by position in that order),
+    ``fields`` the dataclass fields it sets, ``instance_attributes`` the attributes it reads from
+    an instance made with no arguments, ``source_text`` text it expects in the module's source
+    (a log message it filters); ``used_for`` says what torchscan needs it for.
+    """
+
+    module: str
+    name: str
+    used_for: str
+    parameters: tuple[str, ...] = ()
+    fields: tuple[str, ...] = ()
+    instance_attributes: tuple[str, ...] = ()
+    source_text: str = ""
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def resolve(self) -> Any:
+        """The symbol itself; ``ImportError``/``AttributeError`` where torch no longer has it."""
+        found: Any = importlib.import_module(self.module)
+        for part in self.name.split("."):
+            found = getattr(found, part)
+        return found
+
+    def problems(self) -> list[str]:
+        """What the installed torch lacks of what torchscan expects of this symbol."""
+        try:
+            found = self.resolve()
+        except (ImportError, AttributeError) as error:
+            return [f"it cannot be found ({type(error).__name__}: {error})"]
+        problems = []
+        if self.parameters:
+            try:
+                names = list(inspect.signature(found).parameters)
+            except (TypeError, ValueError):
+                names = []
+            missing = [p for p in self.parameters if p not in names]
+            if missing:
+                problems.append(f"it has no parameter {', '.join(missing)} (it takes {names})")
+            elif [n for n in names if n in self.parameters] != list(self.parameters):
+                problems.append(f"its parameters {list(self.parameters)} come in another order")
+        if self.fields:
+            names = [f.name for f in dataclasses.fields(found)]
+            missing = [f for f in self.fields if f not in names]
+            if missing:
+                problems.append(f"it has no field {', '.join(missing)} (it has {names})")
+        for attribute in self.instance_attributes:
+            if not hasattr(found(), attribute):
+                problems.append(f"its instances have no attribute {attribute!r}")
+        if self.source_text and self.source_text not in inspect.getsource(
+            importlib.import_module(self.module)
+        ):
+            problems.append(f"its module no longer says {self.source_text!r}")
+        return problems
+
+
+_HOP_UTILS = "torch._higher_order_ops.utils"
+_PROXY = "torch.fx.experimental.proxy_tensor"
+_ONNX = "torch.onnx._internal.exporter"
+
+PRIVATE_API: tuple[PrivateSymbol, ...] = (
+    # pytrees
+    PrivateSymbol("torch.utils._cxx_pytree", "tree_flatten", "flatten pytrees fast", ("tree",)),
+    PrivateSymbol(
+        "torch.utils._cxx_pytree", "tree_unflatten", "rebuild pytrees", ("leaves", "treespec")
+    ),
+    PrivateSymbol("torch.utils._cxx_pytree", "tree_leaves", "leaves of pytrees", ("tree",)),
+    PrivateSymbol("torch.utils._cxx_pytree", "tree_structure", "structure of ys", ("tree",)),
+    PrivateSymbol(
+        "torch.utils._cxx_pytree", "tree_map", "map over pytrees", ("func", "tree", "is_leaf")
+    ),
+    PrivateSymbol("torch.utils._pytree", "keystr", "name leaves in errors", ("kp",)),
+    PrivateSymbol(
+        "torch.utils._pytree", "tree_flatten_with_path", "name leaves in errors", ("tree",)
+    ),
+    PrivateSymbol("torch.utils._pytree", "tree_map", "unwrap proxies of an operator's arguments"),
+    # higher-order operators
+    PrivateSymbol("torch._ops", "HigherOrderOperator", "torchscan's operators", ("name",)),
+    PrivateSymbol("torch._ops", "HigherOrderOperator.py_impl", "register implementations", ("k",)),
+    PrivateSymbol(
+        "torch._ops",
+        "HigherOrderOperator.py_functionalize_impl",
+        "register functionalization",
+        ("fn",),
+    ),
+    PrivateSymbol("torch._C", "DispatchKey.CompositeExplicitAutograd", "the dense kernels"),
+    PrivateSymbol("torch._C", "DispatchKey.Autograd", "the autograd kernels"),
+    PrivateSymbol(
+        _HOP_UTILS, "_maybe_run_with_interpreter", "functionalize a traced body", ("fn",)
+    ),
+    PrivateSymbol(
+        _HOP_UTILS,
+        "autograd_not_implemented",
+        "the autograd kernel of the traced operators",
+        ("op", "deferred_error"),
+    ),
+    PrivateSymbol(
+        _HOP_UTILS,
+        "check_input_alias_and_mutation_return_outputs",
+        "refuse bodies that write into their inputs",
+        ("gm",),
+    ),
+    PrivateSymbol(_HOP_UTILS, "reenter_make_fx", "trace a body into a subgraph", ("fn",)),
+    PrivateSymbol(_HOP_UTILS, "register_fake", "the fake kernels", ("hop", "fn", "skip_cache")),
+    PrivateSymbol(
+        _HOP_UTILS, "unique_graph_id", "name a body's subgraph", ("proxy_mode", "prefix")
+    ),
+    # tracing
+    PrivateSymbol(_PROXY, "ProxyTorchDispatchMode", "the tracing kernels", ("tracer",)),
+    PrivateSymbol(_PROXY, "disable_proxy_modes_tracing", "run code outside the trace"),
+    PrivateSymbol(
+        _PROXY,
+        "track_tensor_tree",
+        "record an operator's outputs",
+        ("inner_res", "proxy_res", "constant", "tracer"),
+    ),
+    PrivateSymbol(_PROXY, "PythonKeyTracer.unwrap_proxy", "record an operator's inputs", ("e",)),
+    PrivateSymbol(
+        _PROXY,
+        "PythonKeyTracer",
+        "offer a body the sizes of the outer graph",
+        instance_attributes=("sympy_expr_tracker",),
+    ),
+    # fake tensors and symbolic sizes
+    PrivateSymbol("torch._guards", "detect_fake_mode", "the fake mode of a trace"),
+    PrivateSymbol(
+        "torch._subclasses.fake_tensor",
+        "FakeTensorMode",
+        "learn the shapes of ys when no step runs",
+        ("allow_non_fake_inputs", "shape_env", "static_shapes"),
+    ),
+    PrivateSymbol(
+        "torch._subclasses.fake_tensor", "FakeTensorMode.from_tensor", "fake inputs", ("tensor",)
+    ),
+    PrivateSymbol("torch.fx.experimental.symbolic_shapes", "ShapeEnv", "symbolic sizes"),
+    PrivateSymbol(
+        "torch.fx.experimental.symbolic_shapes",
+        "ShapeEnv.ignore_fresh_unbacked_symbols",
+        "keep sizes read inside a body to the body",
+    ),
+    PrivateSymbol(
+        "torch.fx.experimental.symbolic_shapes",
+        "ShapeEnv.create_unbacked_symint",
+        "the length of a loop that may stop early",
+    ),
+    PrivateSymbol(
+        "torch._export.non_strict_utils",
+        "_NonStrictTorchFunctionHandler._override",
+        "index with the step number inside a traced body",
+        ("func", "args", "kwargs"),
+    ),
+    # torch.onnx
+    PrivateSymbol(f"{_ONNX}._core", "current_tracer", "the recorder translations append to"),
+    PrivateSymbol(
+        f"{_ONNX}._core",
+        "onnxscript_apis.convert_version",
+        "convert below opset 18",
+        ("model", "target_version"),
+    ),
+    PrivateSymbol(f"{_ONNX}._core", "onnxscript_apis.optimize", "optimize once", ("model",)),
+    PrivateSymbol(f"{_ONNX}._onnx_program", "onnxscript_apis", "the same entry points"),
+    PrivateSymbol(
+        f"{_ONNX}._registration",
+        "ONNXRegistry.get_decomps",
+        "answer the lookup of translations for torchscan's operators",
+        ("self", "target"),
+    ),
+    PrivateSymbol(
+        f"{_ONNX}._registration",
+        "OnnxDecompMeta",
+        "describe torchscan's translations",
+        fields=("onnx_function", "fx_target", "signature", "is_custom", "skip_signature_inference"),
+    ),
+    PrivateSymbol(
+        ONNX_OPSET_WARNING[0],
+        "logger",
+        "silence the warning that a model below opset 18 may stay at 18",
+        source_text=ONNX_OPSET_WARNING[1],
+    ),
+)
+"""Every private symbol of torch that torchscan uses, with what it relies on."""
