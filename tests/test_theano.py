@@ -617,7 +617,7 @@ def test_strict_names_what_fn_reads_by_closure() -> None:
         "Pass them in non_sequences (fn then receives them last), or use strict=False.",
     ) as info:
         theano.scan(lambda p: cell(p * A), outputs_info=torch.ones(3), n_steps=2, strict=True)
-    assert type(info.value) is ValueError
+    assert type(info.value) is torchscan.TorchscanValueError
 
 
 W = torch.tensor(2.0)
@@ -656,7 +656,7 @@ def test_strict_refuses_a_global_wherever_fn_reads_it(name, fn, kwargs) -> None:
         "Pass them in non_sequences (fn then receives them last), or use strict=False.",
     ) as info:
         theano.scan(fn, sequences=torch.arange(5.0), strict=True, **kwargs)
-    assert type(info.value) is ValueError
+    assert type(info.value) is torchscan.TorchscanValueError
 
 
 class Stepper(torch.nn.Module):
@@ -754,7 +754,7 @@ def test_updates_are_refused() -> None:
         "update. Keep that state in outputs_info and return its new value as an output.",
     ) as info:
         theano.scan(lambda x: (x, {counter: counter + 1}), sequences=torch.ones(3))
-    assert type(info.value) is TypeError
+    assert type(info.value) is torchscan.TorchscanTypeError
 
 
 def test_n_steps_needed_without_sequences() -> None:
@@ -921,7 +921,7 @@ def test_output_count_must_match_outputs_info(n_steps) -> None:
             outputs_info=torch.zeros(()),
             n_steps=n_steps,
         )
-    assert type(info.value) is ValueError
+    assert type(info.value) is torchscan.TorchscanValueError
 
 
 @pytest.mark.parametrize(

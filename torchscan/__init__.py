@@ -1,13 +1,25 @@
 """Loops written once in PyTorch that run at eager speed and export to ONNX Scan and Loop."""
 
 from torchscan import _torch_onnx_hook
-from torchscan._checks import ExportError as ExportError
+from torchscan._errors import ExportError as ExportError
+from torchscan._errors import TorchscanError as TorchscanError
+from torchscan._errors import TorchscanTypeError as TorchscanTypeError
+from torchscan._errors import TorchscanValueError as TorchscanValueError
 from torchscan._loop import loop as loop
 from torchscan._scan import scan as scan
 from torchscan._steps import Until as Until
 from torchscan._steps import until as until
 
-__all__ = ["ExportError", "Until", "loop", "scan", "until"]
+__all__ = [
+    "ExportError",
+    "TorchscanError",
+    "TorchscanTypeError",
+    "TorchscanValueError",
+    "Until",
+    "loop",
+    "scan",
+    "until",
+]
 __version__ = "0.1.0"
 
 _torch_onnx_hook.wrap_torch_onnx_export()

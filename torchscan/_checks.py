@@ -15,11 +15,7 @@ from typing import Any
 import torch
 
 from torchscan import _pytree
-
-
-class ExportError(NotImplementedError):
-    """A loop that runs eagerly but cannot be exported as asked; the message says why and what
-    to do instead."""
+from torchscan._errors import ExportError, TorchscanTypeError, TorchscanValueError
 
 
 def describe(value: Any) -> str:
@@ -41,7 +37,7 @@ def bullets(lines: Sequence[str]) -> str:
 
 def check_callable(api: str, name: str, fn: Any) -> None:
     if not callable(fn):
-        raise TypeError(f"{api}: {name} must be callable, but got {describe(fn)}.")
+        raise TorchscanTypeError(f"{api}: {name} must be callable, but got {describe(fn)}.")
 
 
 def refuse_torchscript(api: str) -> None:
@@ -65,7 +61,7 @@ def check_tensor_leaves(api: str, root: str, tree: Any, leaves: Sequence[Any]) -
         for name, leaf in zip(names, leaves, strict=True)
         if not (leaf is None or isinstance(leaf, torch.Tensor))
     ]
-    raise TypeError(
+    raise TorchscanTypeError(
         f"{api}: every leaf of {root} must be a tensor or None, but:{bullets(bad)}\n"
         "Convert numbers and arrays with torch.as_tensor(...)."
     )
@@ -82,7 +78,7 @@ def check_int(api: str, name: str, value: Any, *, symbolic: bool = False) -> Any
     if not isinstance(value, (bool, torch.Tensor)):
         with contextlib.suppress(TypeError):
             return operator.index(value)
-    raise TypeError(f"{api}: {name} must be an int, but got {describe(value)}.")
+    raise TorchscanTypeError(f"{api}: {name} must be an int, but got {describe(value)}.")
 
 
 def scan_axes(api: str, axis: Any, xs: Any, leaves: Sequence[Any]) -> list[int | None]:
@@ -101,7 +97,9 @@ def scan_axes(api: str, axis: Any, xs: Any, leaves: Sequence[Any]) -> list[int |
     if bad:
         names = _pytree.leaf_names(xs, "xs")
         lines = [_axis_out_of_range(axis, names[i], leaves[i]) for i in bad]
-        raise ValueError(f"{api}: axis={axis} does not fit every leaf of xs:{bullets(lines)}")
+        raise TorchscanValueError(
+            f"{api}: axis={axis} does not fit every leaf of xs:{bullets(lines)}"
+        )
     return axes
 
 
@@ -121,10 +119,10 @@ def scan_length(
     if length is not None:
         length = check_int(api, "length", length, symbolic=True)
         if length < 0:
-            raise ValueError(f"{api}: length must be non-negative, but got {length}.")
+            raise TorchscanValueError(f"{api}: length must be non-negative, but got {length}.")
     if not sizes:
         if length is None:
-            raise ValueError(
+            raise TorchscanValueError(
                 f"{api}: length is needed when xs has no tensors (xs is {_short(xs)}); "
                 "pass length=<number of steps>."
             )
@@ -138,7 +136,7 @@ def scan_length(
         ]
         if length is not None:
             lines.append(f"length={length} was given")
-        raise ValueError(
+        raise TorchscanValueError(
             f"{api}: every leaf of xs must have the same length along the scanned axis, "
             f"and length must agree with it, but:{bullets(lines)}"
         )
@@ -163,7 +161,7 @@ def check_same_device(api: str, trees: Sequence[tuple[str, Any, Sequence[Any]]])
         if isinstance(leaf, torch.Tensor)
     ]
     roots = " and ".join(root for root, _, _ in trees)
-    raise ValueError(
+    raise TorchscanValueError(
         f"{api}: all tensors of {roots} must be on one device, but:{bullets(lines)}\n"
         "Move them with .to(device) first."
     )
@@ -184,7 +182,7 @@ class CarryType:
             return
         api, fn_name = self.api, self.fn_name
         if spec != self.spec:
-            raise TypeError(
+            raise TorchscanTypeError(
                 f"{api}: the carry must keep its structure, but {fn_name} changed it{where}:\n"
                 f"  * init has structure {_pytree.structure_text(self.spec)}\n"
                 f"  * {fn_name} returned structure {_pytree.structure_text(spec)}\n"
@@ -196,7 +194,7 @@ class CarryType:
             for name, old, new in zip(names, self.leaves, leaves, strict=True)
             if not _same_type(old, new)
         ]
-        raise TypeError(
+        raise TorchscanTypeError(
             f"{api}: the carry must keep its type, but {fn_name} changed it{where}:"
             f"{bullets(changes)}\n"
             "Return a carry with the shape, dtype and device of init (cast or reshape it, or "

@@ -48,6 +48,7 @@ from torchscan._compat import (
     track_tensor_tree,
     unique_graph_id,
 )
+from torchscan._errors import ExportError, TorchscanValueError
 
 
 class ScanOp(HigherOrderOperator):
@@ -360,7 +361,7 @@ def _refuse_mutation(gm: torch.fx.GraphModule, n_carries: int, n_sequences: int)
             "a slice of xs" if i < n_carries + n_sequences else "a tensor it reads by closure"
             for i in bad
         ]
-        raise _checks.ExportError(
+        raise ExportError(
             "torchscan: the loop body modifies in place "
             f"{' and '.join(dict.fromkeys(what))}, which an exported loop cannot do (the model "
             "would compute something else than eager PyTorch). Return the new value as part of "
@@ -404,7 +405,7 @@ class _FlatStep:
         if self.has_until and self.refuse_until:
             raise _StopsEarly
         if self.never_ends and not self.has_until:
-            raise ValueError(self.never_ends)
+            raise TorchscanValueError(self.never_ends)
         self.carry_type.check(out[0], "")
         y_leaves, self.y_spec = _pytree.tree_flatten(out[1])
         _checks.check_tensor_leaves(self.protocol.api, "y", out[1], y_leaves)

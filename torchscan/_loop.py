@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import torch
 
 from torchscan import _checks, _outputs, _steps
+from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._steps import Until
 
 Carry = TypeVar("Carry")
@@ -137,7 +138,7 @@ def _check_trip_count(trip_count: Any) -> int | torch.Tensor | None:
     elif not isinstance(trip_count, bool):
         with contextlib.suppress(TypeError):
             return operator.index(trip_count)  # a negative count runs none, as in ONNX
-    raise TypeError(
+    raise TorchscanTypeError(
         f"{_API}: trip_count must be an int, a 0-d integer tensor or None, but got "
         f"{_checks.describe(trip_count)}."
     )
@@ -148,7 +149,7 @@ def _check_cond(cond: Any) -> bool | torch.Tensor | None:
         return cond
     if isinstance(cond, torch.Tensor) and cond.ndim == 0 and _is_bool(cond):
         return cond
-    raise TypeError(
+    raise TorchscanTypeError(
         f"{_API}: cond must be a bool, a 0-d bool tensor or None, but got {_checks.describe(cond)}."
     )
 
@@ -177,7 +178,7 @@ def _empty_ys(body: Callable, carry_type: _checks.CarryType, trip_count: Any) ->
     i = torch.zeros((), dtype=torch.int64, device=_device(carry_type.leaves))
     out = _OUTPUTS.call_on_fake("no iteration runs", body, i, carry_type.init)
     if trip_count is None and not _PROTOCOL.has_until(out):
-        raise ValueError(_NEVER_ENDS)
+        raise TorchscanValueError(_NEVER_ENDS)
     return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, carry_type, 0), 0)
 
 
@@ -185,5 +186,5 @@ def check_result(out: Any, needs_until: bool) -> bool:
     """Whether ``out``, returned by a body being traced, ends with ``until``."""
     has_until = _PROTOCOL.has_until(out)
     if needs_until and not has_until:
-        raise ValueError(_NEVER_ENDS)
+        raise TorchscanValueError(_NEVER_ENDS)
     return has_until

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import torch
 
 from torchscan import _checks, _pytree
+from torchscan._errors import TorchscanError, TorchscanTypeError, TorchscanValueError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Outputs:
                 f"[{-leaves[i].ndim - 1}, {leaves[i].ndim}]"
                 for i in bad
             ]
-            raise ValueError(
+            raise TorchscanValueError(
                 f"{self.api}: axis={axis} is also the axis that ys are stacked on, and it does "
                 f"not fit every leaf of y:{_checks.bullets(lines)}"
             )
@@ -47,7 +48,7 @@ class Outputs:
         flat = [_pytree.tree_flatten(y) for y in ys]
         for _, step_spec in flat:
             if step_spec != spec:
-                raise TypeError(
+                raise TorchscanTypeError(
                     f"{self.api}: {self.fn_name} must return y of the same structure at every "
                     f"step, but:\n"
                     f"  * the first step returned {_pytree.structure_text(spec)}\n"
@@ -85,7 +86,7 @@ class Outputs:
             for step, leaf in enumerate(column)
             if _checks.describe(leaf) != first
         )
-        raise TypeError(
+        raise TorchscanTypeError(
             f"{self.api}: {self.fn_name} must return y of the same type at every step, but "
             f"{name} is {first} for {self.step_name} 0 and {other} for {self.step_name} {step}."
         )
@@ -100,7 +101,7 @@ class Outputs:
         ]
         if data_dependent:
             names = _pytree.leaf_names(fake_y, "y")
-            raise ValueError(
+            raise TorchscanValueError(
                 f"{self.api}: no step runs, and the shape of "
                 f"{', '.join(names[i] for i in data_dependent)} depends on data, so ys cannot "
                 "be made empty with the right shape."
@@ -125,8 +126,10 @@ class Outputs:
             )
             try:
                 return fn(*fake_args)
+            except TorchscanError:
+                raise  # torchscan's own refusal says what is wrong, as it would eagerly
             except Exception as error:
-                raise ValueError(
+                raise TorchscanValueError(
                     f"{self.api}: {why}, so the shapes of ys are found by calling "
                     f"{self.fn_name} once on fake tensors (no data), and that call failed with "
                     f"{type(error).__name__}: {error}"

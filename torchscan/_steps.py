@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchscan import _checks, _outputs
+from torchscan._errors import TorchscanTypeError, TorchscanValueError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +56,13 @@ class Protocol:
         if not (
             isinstance(out, tuple) and (len(out) == 2 or (len(out) == 3 and type(out[2]) is Until))
         ):
-            raise TypeError(
+            raise TorchscanTypeError(
                 f"{self.api}: {self.fn_name} must return (carry, y) or "
                 f"(carry, y, torchscan.until(stop)), but it returned {_describe_result(out)}."
             )
         has_until = len(out) == 3
         if expected is not None and has_until != expected:
-            raise TypeError(
+            raise TorchscanTypeError(
                 f"{self.api}: {self.fn_name} must return torchscan.until(stop) at every "
                 f"{self.step_name} or at none, but it returned "
                 f"{'it only in a later' if has_until else 'no until in a later'} "
@@ -71,7 +72,7 @@ class Protocol:
 
     def check_stop(self, stop: Any, index: int) -> torch.Tensor:
         if not (isinstance(stop, torch.Tensor) and stop.ndim == 0 and stop.dtype == torch.bool):
-            raise TypeError(
+            raise TorchscanTypeError(
                 f"{self.api}: until(stop) needs stop to be a 0-d bool tensor, but "
                 f"{self.fn_name} returned {_checks.describe(stop)} in {self.step_name} {index}."
             )
@@ -96,7 +97,7 @@ class Protocol:
         out = call(carry_type.init, next(items))
         has_until = self.has_until(out)
         if refuse_without_until and not has_until:
-            raise ValueError(refuse_without_until)
+            raise TorchscanValueError(refuse_without_until)
         carry, y = out[0], out[1]
         carry_type.check(carry, f" in its first {self.step_name}")
         self.outputs.check_first(y, axis)

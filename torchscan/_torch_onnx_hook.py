@@ -18,6 +18,7 @@ from typing import Any
 import torch.onnx
 
 from torchscan import _compat
+from torchscan._errors import TorchscanError
 
 
 def wrap_torch_onnx_export() -> None:
@@ -32,7 +33,7 @@ def wrap_torch_onnx_export() -> None:
             return original(*args, **kwargs)
         except Exception as error:
             cause = _torchscan_cause(error)
-            if cause is None:
+            if cause is None or cause is error:
                 raise
             # torch.onnx wraps what failed while tracing in its own error after trying other
             # strategies; torchscan's message already says what is wrong and what to do.
@@ -80,11 +81,15 @@ def install_onnx_hooks() -> None:
 
 
 def _torchscan_cause(error: BaseException) -> BaseException | None:
+    """The error of torchscan's own that torch.onnx wrapped in ``error``, if any."""
     seen = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if current is not error and str(current).startswith("torchscan"):
+        if isinstance(current, TorchscanError):
             return current
-        current = current.__cause__ or current.__context__
+        # what the error was raised from, or else what it was raised while handling, unless
+        # that was suppressed (``raise ... from None``)
+        context = None if current.__suppress_context__ else current.__context__
+        current = current.__cause__ or context
     return None

@@ -26,6 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchscan import _checks, _pytree
+from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._loop import loop as _loop
 from torchscan._scan import scan_in_order as _scan_in_order
 from torchscan._steps import Until, until
@@ -34,23 +35,6 @@ __all__ = ["foldl", "foldr", "map", "reduce", "scan", "until"]
 
 _API = "torchscan.theano.scan"
 Updates = dict
-
-
-class _StepError(Exception):
-    """An error found while ``fn`` runs. :func:`scan` raises it as the plain ValueError or
-    TypeError it stands for, also when torchscan's core wrapped it (the core calls ``fn`` on
-    fake tensors to find the shapes of a scan with zero steps)."""
-
-    def plain(self) -> Exception:
-        return (ValueError if isinstance(self, ValueError) else TypeError)(str(self))
-
-
-class _StepValueError(_StepError, ValueError):
-    pass
-
-
-class _StepTypeError(_StepError, TypeError):
-    pass
 
 
 # -- arguments ---------------------------------------------------------------------------------
@@ -165,9 +149,9 @@ def _taps(value: Any, where: str) -> tuple[int, ...]:
     if not all(
         isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_)) for t in taps
     ):
-        raise TypeError(f"{_API}: the taps of {where} must be ints, but got {value!r}.")
+        raise TorchscanTypeError(f"{_API}: the taps of {where} must be ints, but got {value!r}.")
     if not taps:
-        raise ValueError(
+        raise TorchscanValueError(
             f"{_API}: {where} has no taps ({value!r}); give at least one, or leave taps out for "
             "the default."
         )
@@ -186,7 +170,7 @@ def _sequences(sequences: Any) -> list[_Sequence]:
             tensor, taps = seq, (0,)
         tensor = _from_numpy(tensor)
         if not isinstance(tensor, torch.Tensor) or tensor.ndim == 0:
-            raise TypeError(
+            raise TorchscanTypeError(
                 f"{_API}: {where} must be a tensor with a time axis, or a dict with such a tensor "
                 f"as 'input', but got {_checks.describe(tensor)}."
             )
@@ -205,7 +189,7 @@ def _output(info: Any, where: str) -> _Output:
         initial, taps = _from_numpy(info.get("initial")), info.get("taps", [-1])
         if initial is None:
             if "taps" in info and taps is not None:
-                raise ValueError(
+                raise TorchscanValueError(
                     f"{_API}: {where} has taps {taps!r} but no initial state; the past values "
                     "the taps read before step 0 come from 'initial'. Give it, or drop 'taps' "
                     "for an output that is not fed back."
@@ -217,23 +201,23 @@ def _output(info: Any, where: str) -> _Output:
     else:
         initial, taps = _from_numpy(info), (-1,)
     if any(t >= 0 for t in taps):
-        raise ValueError(
+        raise TorchscanValueError(
             f"{_API}: the taps of {where} must be negative (past values), but got {list(taps)}."
         )
     repeated = sorted({t for t in taps if taps.count(t) > 1})
     if repeated:
-        raise ValueError(
+        raise TorchscanValueError(
             f"{_API}: the taps of {where} must each read a different past step, but "
             f"{', '.join(str(t) for t in repeated)} appears more than once in {list(taps)}."
         )
     if not isinstance(initial, torch.Tensor):
-        raise TypeError(
+        raise TorchscanTypeError(
             f"{_API}: the initial state of {where} must be a tensor, but got "
             f"{_checks.describe(initial)}."
         )
     output = _Output(initial, taps)
     if output.windowed and (initial.ndim == 0 or initial.shape[0] < output.depth):
-        raise ValueError(
+        raise TorchscanValueError(
             f"{_API}: {where} reads {output.depth} steps back (taps {list(taps)}), so its "
             f"initial state needs a leading axis of at least {output.depth} holding those "
             f"past values, but it has shape {tuple(initial.shape)}."
@@ -254,7 +238,7 @@ def _check_n_steps(n_steps: Any) -> Any:
             return n_steps
     elif isinstance(n_steps, numbers.Integral) and not isinstance(n_steps, (bool, np.bool_)):
         return int(n_steps)
-    raise TypeError(
+    raise TorchscanTypeError(
         f"{_API}: n_steps must be an int or a 0-d integer tensor, but got "
         f"{_checks.describe(n_steps)}."
     )
@@ -268,10 +252,10 @@ def _n_steps(n_steps: Any, sequences: list[_Sequence], go_backwards: bool) -> tu
     n_steps = _check_n_steps(n_steps)
     if n_steps is None:
         if not sequences:
-            raise ValueError(f"{_API}: n_steps is needed when there are no sequences.")
+            raise TorchscanValueError(f"{_API}: n_steps is needed when there are no sequences.")
         short = [seq.needs(None) for seq in sequences if seq.steps_available() < 0]
         if short:
-            raise ValueError(
+            raise TorchscanValueError(
                 f"{_API}: n_steps is not given, so the scan runs as many steps as the shortest "
                 f"sequence allows, but a sequence is too short for its taps:"
                 f"{_checks.bullets(short)}"
@@ -285,7 +269,7 @@ def _n_steps(n_steps: Any, sequences: list[_Sequence], go_backwards: bool) -> tu
     steps = abs(n_steps)
     short = [seq.needs(steps) for seq in sequences if seq.steps_available() < steps]
     if short:
-        raise ValueError(
+        raise TorchscanValueError(
             f"{_API}: n_steps={n_steps}, but not every sequence is long enough:"
             f"{_checks.bullets(short)}"
         )
@@ -303,13 +287,13 @@ def _split_result(result: Any, n_outputs: int | None) -> tuple[list[torch.Tensor
     if any(isinstance(p, Until) for p in parts) or any(
         isinstance(o, Until) for p in parts if isinstance(p, list) for o in p
     ):
-        raise _StepValueError(
+        raise TorchscanValueError(
             f"{_API}: until(stop) must be the last thing fn returns, after its outputs: return "
             f"(outputs, theano.until(stop)), but fn returned {_describe_returned(result)}."
         )
     updates = [p for p in parts if isinstance(p, Mapping) or _is_update_list(p)]
     if any(updates):  # an empty dict of updates updates nothing
-        raise _StepTypeError(
+        raise TorchscanTypeError(
             f"{_API}: fn returned updates, but PyTorch has no shared variables to update. Keep "
             "that state in outputs_info and return its new value as an output."
         )
@@ -317,7 +301,7 @@ def _split_result(result: Any, n_outputs: int | None) -> tuple[list[torch.Tensor
     outputs = parts[0] if len(parts) == 1 and isinstance(parts[0], list) else parts
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     if n_outputs is not None and len(outputs) != n_outputs:
-        raise _StepValueError(
+        raise TorchscanValueError(
             f"{_API}: fn returned {len(outputs)} outputs, but outputs_info describes "
             f"{n_outputs}; give one entry per output (None for an output that is not fed back)."
         )
@@ -425,7 +409,7 @@ def _strict_call(fn: Callable, args: list[Any], passed: _Known) -> Any:
         result = fn(*args)
     if mode.foreign:
         names = [_name_in(fn, t) for t in mode.foreign]
-        raise _StepValueError(
+        raise TorchscanValueError(
             f"{_API}: strict=True, but fn uses tensors that are not among its arguments:"
             f"{_checks.bullets(names)}\n"
             "Pass them in non_sequences (fn then receives them last), or use strict=False."
@@ -631,9 +615,11 @@ def _run(
 ) -> tuple[list[torch.Tensor], _Plan]:
     _checks.check_callable(_API, "fn", fn)
     if isinstance(truncate_gradient, bool) or not isinstance(truncate_gradient, numbers.Integral):
-        raise TypeError(f"{_API}: truncate_gradient must be an int, but got {truncate_gradient!r}.")
+        raise TorchscanTypeError(
+            f"{_API}: truncate_gradient must be an int, but got {truncate_gradient!r}."
+        )
     if truncate_gradient < -1:
-        raise ValueError(
+        raise TorchscanValueError(
             f"{_API}: truncate_gradient must be -1 (no truncation) or a number of steps >= 0, "
             f"but got {truncate_gradient}."
         )
@@ -641,22 +627,14 @@ def _run(
     outs = _outputs(outputs_info)
     steps, backwards = _n_steps(n_steps, seqs, go_backwards)
     plan = _Plan(fn, seqs, outs, _as_list(non_sequences), strict)
-    try:
-        if isinstance(steps, torch.Tensor):  # only while exporting
-            stacked = plan.run_indexed(steps, go_backwards) if seqs else plan.run_as_loop(steps)
-        elif torch.is_grad_enabled() and not _exporting() and 0 <= truncate_gradient < steps:
-            stacked = plan.run_truncated(steps, backwards, int(truncate_gradient))
-        elif not seqs:
-            stacked = plan.run_as_loop(steps)
-        else:
-            stacked = plan.run(plan.initial_states(), plan.sliced(steps, backwards), backwards)
-    except (ValueError, TypeError) as error:
-        # An error found while fn ran, also while the core called it on fake tensors to find
-        # the shapes of zero steps (which it wraps in words of its own): said as it is.
-        found = error if isinstance(error, _StepError) else error.__cause__
-        if isinstance(found, _StepError):
-            raise found.plain() from None
-        raise
+    if isinstance(steps, torch.Tensor):  # only while exporting
+        stacked = plan.run_indexed(steps, go_backwards) if seqs else plan.run_as_loop(steps)
+    elif torch.is_grad_enabled() and not _exporting() and 0 <= truncate_gradient < steps:
+        stacked = plan.run_truncated(steps, backwards, int(truncate_gradient))
+    elif not seqs:
+        stacked = plan.run_as_loop(steps)
+    else:
+        stacked = plan.run(plan.initial_states(), plan.sliced(steps, backwards), backwards)
     return stacked, plan
 
 
@@ -897,7 +875,7 @@ def _reduce(
             continue
         if isinstance(ys.shape[0], int) and ys.shape[0] == 0:
             where = f"outputs_info[{i}] is None" if plan.outputs else "outputs_info is None"
-            raise ValueError(
+            raise TorchscanValueError(
                 f"torchscan.theano.{api}: no step runs (the sequences have no element to "
                 f"reduce), so output {i} has no value: {where}, so it is not fed back and has "
                 "no initial value either. Give it an initial state, which is then the result."

@@ -464,11 +464,15 @@ def real_model(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 REAL_REFUSALS = {
     # x >= y is GreaterOrEqual, whose ONNX definition needs Equal; without IsNaN, Equal on
     # floats cannot tell NaN apart
-    ("misc", 8): "cannot convert Equal (node 'node_ge_Equal') from opset 11 to opset 10: "
-    "comparing float values exactly needs IsNaN, which exists from opset 9 on",
+    ("misc", 8): "torchscan: cannot convert Equal (node 'node_ge_Equal') from opset 11 to opset "
+    "10: comparing float values exactly needs IsNaN, which exists from opset 9 on. Export with a "
+    "newer opset_version (at opset 11 this Equal is kept as it is), or compute it in the step "
+    "with operators that opset 10 has.",
     # GELU is x * (1 + erf(x / sqrt 2)) / 2, and no opset-8 operator computes erf
-    ("gelu", 8): "cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf does not "
-    "exist before opset 9 and its inputs are not constants",
+    ("gelu", 8): "torchscan: cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf "
+    "does not exist before opset 9 and its inputs are not constants. Export with a newer "
+    "opset_version (at opset 9 this Erf is kept as it is), or compute it in the step with "
+    "operators that opset 8 has.",
 }
 
 REAL_CASES = [*TORCH_CASES, *LOOP_CASES]

@@ -290,8 +290,10 @@ class GRUThenGelu(torch.nn.Module):
     [
         (
             GRUThenGelu, 8,
-            "cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf does not exist "
-            "before opset 9 and its inputs are not constants",
+            "torchscan: cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf "
+            "does not exist before opset 9 and its inputs are not constants. Export with a newer "
+            "opset_version (at opset 9 this Erf is kept as it is), or compute it in the step "
+            "with operators that opset 8 has.",
         ),
     ],
     ids=["erf@8"],

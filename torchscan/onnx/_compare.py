@@ -34,6 +34,7 @@ import onnx.external_data_helper
 import onnx.numpy_helper
 from google.protobuf.message import DecodeError
 
+from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan.onnx import _lint
 from torchscan.onnx._report import (
     BASELINE,
@@ -141,9 +142,9 @@ def check(
     try:
         linted = _lint.lint(proto)
     except ValueError as error:
-        raise ValueError(f"{label}: {error}") from None
+        raise TorchscanValueError(f"{label}: {error}") from None
     if not linted.nodes:
-        raise ValueError(f"{label}: has no Scan or Loop node; there is nothing to check")
+        raise TorchscanValueError(f"{label}: has no Scan or Loop node; there is nothing to check")
     comparisons: tuple[Comparison, ...] = ()
     described: tuple[str, ...] = ()
     notes = linted.notes
@@ -185,15 +186,19 @@ def _check_options(
 ) -> None:
     for name, value in (("atol", atol), ("rtol", rtol)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number at least 0, not {value!r}")
+            raise TorchscanValueError(f"{name} must be a finite number at least 0, not {value!r}")
     if isinstance(runtimes, str):
-        raise ValueError(f"runtimes is a sequence of names, not the string {runtimes!r}")
+        raise TorchscanValueError(f"runtimes is a sequence of names, not the string {runtimes!r}")
     for runtime in runtimes:
         if runtime not in RUNTIMES:
-            raise ValueError(f"unknown runtime {runtime!r}; the runtimes are {', '.join(RUNTIMES)}")
+            raise TorchscanValueError(
+                f"unknown runtime {runtime!r}; the runtimes are {', '.join(RUNTIMES)}"
+            )
     if (module is None) != (args is None):
         given, missing = ("module", "args") if args is None else ("args", "module")
-        raise ValueError(f"{given} was given without {missing}: PyTorch runs module(*args)")
+        raise TorchscanValueError(
+            f"{given} was given without {missing}: PyTorch runs module(*args)"
+        )
 
 
 # --- reading the model ------------------------------------------------------------------------
@@ -228,32 +233,34 @@ def load_model(model: Any) -> tuple[onnx.ModelProto, str]:
     if isinstance(model, (bytes, bytearray, memoryview)):
         return _parse(bytes(model), "<bytes>"), "<bytes>"
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model is a path, bytes or an onnx.ModelProto, not {type(model).__name__}")
+        raise TorchscanTypeError(
+            f"model is a path, bytes or an onnx.ModelProto, not {type(model).__name__}"
+        )
     path = Path(model)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     if path.is_dir():
-        raise ValueError(f"{path}: is a folder, not an ONNX model file")
+        raise TorchscanValueError(f"{path}: is a folder, not an ONNX model file")
     proto = _parse(path.read_bytes(), str(path))
     try:  # weights saved next to the model; nothing to do for a model without any
         onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
     except (OSError, ValueError, onnx.checker.ValidationError) as error:
-        raise ValueError(f"{path}: cannot read its external data: {error}") from None
+        raise TorchscanValueError(f"{path}: cannot read its external data: {error}") from None
     return proto, str(path)
 
 
 def _parse(data: bytes, label: str) -> onnx.ModelProto:
     if not data:
-        raise ValueError(f"{label}: is empty, not an ONNX model")
+        raise TorchscanValueError(f"{label}: is empty, not an ONNX model")
     problem = _wire_problem(data)
     if problem:
-        raise ValueError(f"{label}: {problem}")
+        raise TorchscanValueError(f"{label}: {problem}")
     try:
         proto = onnx.ModelProto.FromString(data)
     except DecodeError as error:
-        raise ValueError(f"{label}: is not a valid ONNX model ({error})") from None
+        raise TorchscanValueError(f"{label}: is not a valid ONNX model ({error})") from None
     if not proto.HasField("graph"):
-        raise ValueError(f"{label}: is not an ONNX model (it has no graph)")
+        raise TorchscanValueError(f"{label}: is not an ONNX model (it has no graph)")
     return proto
 
 
@@ -264,11 +271,11 @@ def _check_readable(model: onnx.ModelProto, label: str) -> None:
     where = _bad_string(model, "")
     if where is not None:
         path, value = where
-        raise ValueError(
+        raise TorchscanValueError(
             f"{label}: is corrupt: its string {path} is not valid UTF-8 ({value[:40]!r})"
         )
     if not model.opset_import:
-        raise ValueError(
+        raise TorchscanValueError(
             f"{label}: has no opset_import, which every ONNX model needs to say the versions of "
             f"its operators (a file cut short right after its graph field reads like this)"
         )
@@ -365,7 +372,7 @@ def _inputs(
         feeds = random_inputs(model, dims or {})
         source = f"random (seed {SEED})"
     elif dims:
-        raise ValueError("dims sets the sizes of random inputs, but the inputs were given")
+        raise TorchscanValueError("dims sets the sizes of random inputs, but the inputs were given")
     elif inputs is None:
         feeds = _feeds_from_args(model, args)
         source = "the tensors of args"
@@ -438,7 +445,7 @@ def _check_fit(model: onnx.ModelProto, feeds: Mapping[str, Any], what: str) -> N
         value = feeds[info.name]
         problem = _misfit(info.type, value)
         if problem:
-            raise ValueError(
+            raise TorchscanValueError(
                 f"{what} give input {info.name!r} as {_describe(value)}, but the model takes "
                 f"{_type_text(info.type)}: {problem}"
             )
@@ -486,20 +493,20 @@ def _feeds(model: onnx.ModelProto, values: Any, what: str) -> dict[str, Any]:
     if isinstance(values, Mapping):
         unknown = [k for k in values if k not in names]
         if unknown:
-            raise ValueError(
+            raise TorchscanValueError(
                 f"{what} give values for {', '.join(map(repr, unknown))}, which the model has no "
                 f"input for; its inputs are: {listed}"
             )
         missing = [n for n in names if n not in values]
         if missing:
-            raise ValueError(
+            raise TorchscanValueError(
                 f"{what} give no value for model input {missing[0]!r}; its inputs are: {listed}"
             )
         feeds = {n: _as_value(values[n]) for n in names}
     else:
         values = list(values)
         if len(values) != len(names):
-            raise ValueError(
+            raise TorchscanValueError(
                 f"{what} give {len(values)} values, but the model has {len(names)} inputs: {listed}"
             )
         feeds = {n: _as_value(v) for n, v in zip(names, values, strict=True)}
@@ -512,11 +519,11 @@ def _by_position(model: onnx.ModelProto, values: Any) -> list[Any]:
     if isinstance(values, Mapping):
         missing = [n for n in names if n not in values]
         if missing:
-            raise ValueError(f"expected has no value for model output {missing[0]!r}")
+            raise TorchscanValueError(f"expected has no value for model output {missing[0]!r}")
         return [_as_value(values[n]) for n in names]
     values = [_as_value(v) for v in values]
     if len(values) != len(names):
-        raise ValueError(
+        raise TorchscanValueError(
             f"expected holds {len(values)} values, but the model has {len(names)} outputs"
         )
     return values
@@ -547,7 +554,7 @@ def read_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> tuple[dict, 
     if path.is_dir():
         return _read_test_data(path, model)
     if path.suffix != ".npz":
-        raise ValueError(
+        raise TorchscanValueError(
             f"{path}: cannot read inputs from it: expected a .npz file or a folder of "
             f"input_*.pb files"
         )
@@ -555,7 +562,7 @@ def read_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> tuple[dict, 
         with np.load(path, allow_pickle=False) as archive:
             arrays = {k: archive[k] for k in archive.files}
     except Exception as error:  # numpy raises several unrelated types for a bad archive
-        raise ValueError(f"{path}: cannot read arrays from it ({error})") from None
+        raise TorchscanValueError(f"{path}: cannot read arrays from it ({error})") from None
     names = [i.name for i in graph_inputs(model)]
     positional = [f"arr_{i}" for i in range(len(arrays))]
     if sorted(arrays) == sorted(positional) and not set(arrays) & set(names):
@@ -567,7 +574,9 @@ def _read_test_data(folder: Path, model: onnx.ModelProto) -> tuple[dict, list | 
     if not list(folder.glob("input_*.pb")):
         data_sets = sorted(folder.glob("test_data_set_*"))
         if not data_sets:
-            raise ValueError(f"{folder}: has no input_*.pb files and no test_data_set_* folder")
+            raise TorchscanValueError(
+                f"{folder}: has no input_*.pb files and no test_data_set_* folder"
+            )
         folder = data_sets[0]
     inputs = _read_protos(folder, "input", graph_inputs(model))
     outputs = _read_protos(folder, "output", list(model.graph.output))
@@ -577,7 +586,7 @@ def _read_test_data(folder: Path, model: onnx.ModelProto) -> tuple[dict, list | 
 def _read_protos(folder: Path, prefix: str, infos: Sequence[onnx.ValueInfoProto]) -> list[Any]:
     files = sorted(folder.glob(f"{prefix}_*.pb"), key=lambda p: _index(p, prefix))
     if files and len(files) != len(infos):
-        raise ValueError(
+        raise TorchscanValueError(
             f"{folder}: has {len(files)} {prefix}_*.pb files, but the model has {len(infos)} "
             f"{prefix}s"
         )
@@ -599,12 +608,12 @@ def _read_proto(file: Path, type_proto: onnx.TypeProto) -> Any:
         "optional_type": (onnx.OptionalProto, onnx.numpy_helper.to_optional),
     }
     if kind not in readers:
-        raise ValueError(f"{file}: cannot read a value of type {kind} from it")
+        raise TorchscanValueError(f"{file}: cannot read a value of type {kind} from it")
     proto_type, to_value = readers[kind]
     try:
         return to_value(proto_type.FromString(file.read_bytes()))
     except (DecodeError, ValueError, TypeError) as error:
-        raise ValueError(f"{file}: is not a {proto_type.__name__} ({error})") from None
+        raise TorchscanValueError(f"{file}: is not a {proto_type.__name__} ({error})") from None
 
 
 def random_inputs(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, Any]:
@@ -629,12 +638,14 @@ def _dim_sizes(
     for name, size in dims.items():
         if name not in named:
             listed = ", ".join(named) or "none"
-            raise ValueError(
+            raise TorchscanValueError(
                 f"dims sets {name!r}, which is not a dynamic dimension of the model's inputs; "
                 f"theirs are: {listed}"
             )
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"dims sets {name!r} to {size!r}, not a size (an int at least 0)")
+            raise TorchscanValueError(
+                f"dims sets {name!r} to {size!r}, not a size (an int at least 0)"
+            )
     parent = {name: name for name in named}
 
     def root(name: str) -> str:
@@ -662,13 +673,13 @@ def _dim_sizes(
             continue
         group, size = root(name), dims[name]
         if group in static and static[group] != size:
-            raise ValueError(
+            raise TorchscanValueError(
                 f"dims sets {name!r} to {size}, but it is one of {why_of[group]}, which must be "
                 f"equal, and another of them is {static[group]}"
             )
         if group in chosen and chosen[group][1] != size:
             other, other_size = chosen[group]
-            raise ValueError(
+            raise TorchscanValueError(
                 f"dims sets {other!r} to {other_size} and {name!r} to {size}, but they must be "
                 f"equal: both are among {why_of[group]}"
             )
@@ -777,10 +788,10 @@ def _random_value(
     if kind == "optional_type":
         return _random_value(name, type_proto.optional_type.elem_type, sizes, rng)
     if kind != "tensor_type":
-        raise ValueError(f"input {name!r} is of type {kind}: give its values with inputs")
+        raise TorchscanValueError(f"input {name!r} is of type {kind}: give its values with inputs")
     tensor = type_proto.tensor_type
     if not tensor.HasField("shape"):
-        raise ValueError(f"input {name!r} has no shape (not even a rank): give its values")
+        raise TorchscanValueError(f"input {name!r} has no shape (not even a rank): give its values")
     shape = tuple(
         d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param, FIRST_DEFAULT_DIM)
         for d in tensor.shape.dim
@@ -789,7 +800,7 @@ def _random_value(
     what = f"random input {name!r}, {_dtype_name(np.dtype(dtype))}{list(shape)},"
     count = math.prod(shape)
     if count > MAX_RANDOM_ELEMENTS:
-        raise ValueError(
+        raise TorchscanValueError(
             f"{what} would hold {count:,} elements, more than the {MAX_RANDOM_ELEMENTS:,} a "
             f"random input may hold; give its dynamic dimensions smaller sizes with dims "
             f"(--dim NAME=SIZE)"
@@ -797,7 +808,7 @@ def _random_value(
     try:
         return _random_array(dtype, shape, rng)
     except MemoryError:
-        raise ValueError(
+        raise TorchscanValueError(
             f"{what} does not fit in memory; give its dynamic dimensions smaller sizes with dims "
             f"(--dim NAME=SIZE)"
         ) from None
@@ -828,7 +839,7 @@ def _feeds_from_args(model: onnx.ModelProto, args: Sequence[Any]) -> dict[str, A
     tensors = [leaf for leaf in _pytree.tree_leaves(list(args)) if isinstance(leaf, torch.Tensor)]
     names = [i.name for i in graph_inputs(model)]
     if len(tensors) != len(names):
-        raise ValueError(
+        raise TorchscanValueError(
             f"args hold {len(tensors)} tensors, but the model has {len(names)} inputs "
             f"({', '.join(names) or 'none'}); give the model's inputs with inputs"
         )

@@ -44,7 +44,7 @@ import onnx.shape_inference
 import onnx.version_converter
 from onnx import TensorProto, helper, numpy_helper
 
-from torchscan._checks import ExportError
+from torchscan._errors import ExportError, TorchscanValueError
 from torchscan.onnx import _convert_adapters, _schema_diff
 from torchscan.onnx._convert_adapters import attribute, constant_of_node, copy_node
 
@@ -73,7 +73,10 @@ class OpsetConversionError(ExportError):
         self.reason = reason
         where = f" (node '{node}')" if node else ""
         super().__init__(
-            f"cannot convert {op}{where} from opset {from_version} to opset {to_version}: {reason}"
+            f"torchscan: cannot convert {op}{where} from opset {from_version} to opset "
+            f"{to_version}: {reason}. Export with a newer opset_version (at opset {from_version} "
+            f"this {op} is kept as it is), or compute it in the step with operators that opset "
+            f"{to_version} has."
         )
 
 
@@ -86,11 +89,11 @@ def convert_model(model: onnx.ModelProto, target_opset: int) -> onnx.ModelProto:
     """
     source = _default_opset(model)
     if target_opset < MIN_TARGET_OPSET:
-        raise ValueError(
+        raise TorchscanValueError(
             f"opsets below {MIN_TARGET_OPSET} are not supported, but opset {target_opset} was asked"
         )
     if target_opset > source:
-        raise ValueError(
+        raise TorchscanValueError(
             f"the model is at opset {source} and cannot be converted up to opset {target_opset}"
         )
     converted = onnx.ModelProto()
@@ -115,7 +118,7 @@ def _default_opset(model: onnx.ModelProto) -> int:
     for opset in model.opset_import:
         if opset.domain in _DEFAULT_DOMAINS:
             return opset.version
-    raise ValueError("the model imports no default-domain opset")
+    raise TorchscanValueError("the model imports no default-domain opset")
 
 
 def _ir_version_for(opset: int) -> int:

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
+from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _opsets
 
 # Operators applied element by element, with numpy broadcasting between their inputs.
@@ -75,7 +76,7 @@ def hoist_loop_invariants(model: ir.Model, *, opset: int | None = None) -> int:
     if opset is None:
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
         if opset is None:
-            raise ValueError("the model imports no default-domain opset")
+            raise TorchscanValueError("the model imports no default-domain opset")
     # An opset newer than the version table allows at least what its newest entry allows.
     opset = min(opset, _opsets.MAX_OPSET)
     allowed = {

@@ -21,7 +21,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from torchscan import _checks
+from torchscan._errors import ExportError
 from torchscan.onnx import _hoist, _opsets, _options
 
 _installed = False
@@ -147,17 +147,20 @@ def check_loop_types(graph: ir.Graph, opset: int) -> None:
             if value.type is None or value.dtype in version.element_types:
                 continue
             first = _opsets.first_opset_allowing(versions, value.dtype)
-            remedy = (
-                f"export with opset_version={first} or newer, or cast it to a type that opset "
-                f"{opset} allows"
-                if first
-                else "cast it to another type"
-            )
-            raise _checks.ExportError(
+            if first:
+                allowed = f"the first opset that allows it is {first}"
+                remedy = (
+                    f"export with opset_version={first} or newer, or cast it to a type that "
+                    f"opset {opset} allows"
+                )
+            else:
+                allowed = f"no version of {node.op_type} allows it"
+                remedy = f"cast it to a type that opset {opset} allows"
+            raise ExportError(
                 f"torchscan: the {node.op_type} node {node.name!r} has {role}, tensor "
                 f"{value.name!r}, of element type {value.dtype.name.lower()}, which "
                 f"{node.op_type}-{version.since} (the version in force at opset {opset}) does not "
-                f"allow; the first opset that allows it is {first}. To export it, {remedy}."
+                f"allow; {allowed}. To export it, {remedy}."
             )
 
 

@@ -25,6 +25,7 @@ import onnx.defs
 import onnx.shape_inference
 import onnx_ir as ir
 
+from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _opsets
 from torchscan.onnx._report import CheckedNode, Finding
 
@@ -320,7 +321,7 @@ def lint(model: onnx.ModelProto) -> LintResult:
     for nodes_of, prefix, scope_opset in scopes:
         for node, path in _loop_nodes(nodes_of, prefix):
             if scope_opset is None:
-                raise ValueError(
+                raise TorchscanValueError(
                     f'imports no version of the default ONNX domain (no opset_import for "" '
                     f'or "ai.onnx"), so the version in force for {path} is unknown and it '
                     f"cannot be checked"
@@ -374,7 +375,7 @@ def _deserialize(model: onnx.ModelProto) -> ir.Model:
         while cause.__cause__ is not None:  # onnx_ir wraps the reason in errors of its own
             cause = cause.__cause__
         reason = " ".join(str(cause).split()) or type(cause).__name__
-        raise ValueError(f"onnx_ir cannot read the model to lint it: {reason}") from None
+        raise TorchscanValueError(f"onnx_ir cannot read the model to lint it: {reason}") from None
     finally:
         logger.disabled = disabled
 

@@ -15,6 +15,8 @@ import functools
 import onnx.defs
 import onnx_ir as ir
 
+from torchscan._errors import TorchscanValueError
+
 MIN_OPSET = 8
 """The oldest opset torchscan exports to: ``Scan`` appeared in opset 8."""
 
@@ -77,7 +79,7 @@ LOOP_VERSIONS = (LOOP_1, LOOP_11, LOOP_13, LOOP_16, LOOP_19, LOOP_21, LOOP_23, L
 
 def _in_force(versions: tuple[OpVersion, ...], opset: int) -> OpVersion:
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ValueError(
+        raise TorchscanValueError(
             f"torchscan exports to opsets {MIN_OPSET} to {MAX_OPSET}, but opset {opset} was asked"
         )
     return [v for v in versions if v.since <= opset][-1]

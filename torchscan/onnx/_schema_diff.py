@@ -31,6 +31,8 @@ from typing import Literal
 import onnx
 import onnx.defs
 
+from torchscan._errors import TorchscanValueError
+
 BoundaryKind = Literal["new-op", "type-only", "identical", "structural"]
 
 
@@ -115,7 +117,7 @@ def classify(op: str, since: int, domain: str = "") -> Boundary:
     """What changed when ``op`` got its version ``since`` (a key of :func:`since_versions`)."""
     new = schema_in_force(op, since, domain)
     if new is None or new.since_version != since:
-        raise ValueError(f"{op} has no version introduced at opset {since}")
+        raise TorchscanValueError(f"{op} has no version introduced at opset {since}")
     old = schema_in_force(op, since - 1, domain)
     if old is None:
         return Boundary("new-op")

@@ -1,0 +1,128 @@
+"""torchscan's error classes: every error torchscan raises itself is a ``TorchscanError`` and an
+instance of the builtin that says what kind of mistake it is, recognised by ``isinstance``."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchscan
+import torchscan.onnx
+import torchscan.theano
+from torchscan import ExportError, TorchscanError, TorchscanTypeError, TorchscanValueError
+
+PACKAGE = Path(torchscan.__file__).parent
+
+
+@pytest.mark.parametrize(
+    ("error", "builtin"),
+    [
+        (TorchscanTypeError, TypeError),
+        (TorchscanValueError, ValueError),
+        (ExportError, NotImplementedError),
+        (torchscan.onnx.OpsetConversionError, NotImplementedError),
+    ],
+)
+def test_each_class_is_a_torchscan_error_and_its_builtin(error: type, builtin: type) -> None:
+    assert issubclass(error, TorchscanError)
+    assert issubclass(error, builtin)
+
+
+def _add(carry, x):
+    return carry + x, carry
+
+
+CASES = {
+    "scan: carry changes dtype": (
+        lambda: torchscan.scan(lambda c, x: (c.double(), c), torch.zeros(2), torch.ones(3, 2)),
+        TorchscanTypeError,
+    ),
+    "scan: axis out of range": (
+        lambda: torchscan.scan(_add, torch.zeros(2), torch.ones(3, 2), axis=5),
+        TorchscanValueError,
+    ),
+    "scan: fn not callable": (
+        lambda: torchscan.scan(1, torch.zeros(2), torch.ones(3, 2)),
+        TypeError,
+    ),
+    "loop: never ends": (
+        lambda: torchscan.loop(lambda i, c: (c, None), torch.zeros(2)),
+        ValueError,
+    ),
+    "theano: bad truncate_gradient": (
+        lambda: torchscan.theano.scan(lambda x: x, sequences=[torch.ones(3)], truncate_gradient=-2),
+        TorchscanValueError,
+    ),
+    "check: not a model": (lambda: torchscan.onnx.check(b""), TorchscanValueError),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_errors_of_every_front_end_are_torchscan_errors(case: str) -> None:
+    run, expected = CASES[case]
+    with pytest.raises(expected) as info:
+        run()
+    assert isinstance(info.value, TorchscanError)
+    assert str(info.value).startswith("torchscan") or case.startswith("check")
+
+
+# Builtin exceptions raised on purpose that are not torchscan's refusals: argparse's own error
+# type in the command line, and internal states that no user input reaches.
+ALLOWED = {
+    ("_cli.py", "ArgumentTypeError"),
+    ("onnx/_compare.py", "FileNotFoundError"),
+    ("onnx/_compare.py", "NotImplementedError"),
+    ("onnx/_compare.py", "RuntimeError"),
+    ("onnx/_translate.py", "RuntimeError"),
+}
+
+
+def _raised_builtins(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+            func = node.exc.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name.endswith("Error") and (hasattr(builtins, name) or name == "ArgumentTypeError"):
+                found.add(name)
+    return found
+
+
+def test_the_package_raises_its_own_classes() -> None:
+    raised = {
+        (str(path.relative_to(PACKAGE)), name)
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name not in ("_compat.py", "_errors.py")
+        for name in _raised_builtins(path)
+    }
+    assert raised <= ALLOWED, f"raise torchscan's error classes instead: {sorted(raised - ALLOWED)}"
+
+
+def _chain() -> RuntimeError:
+    """torch.onnx's error raised from torchscan's refusal, which was raised, from None, while
+    handling another refusal."""
+    try:
+        try:
+            raise TorchscanValueError("torchscan: the refusal handled first")
+        except TorchscanValueError:
+            raise ExportError("torchscan: the refusal that stands") from None
+    except ExportError as refusal:
+        try:
+            raise RuntimeError("torch.onnx could not export the model") from refusal
+        except RuntimeError as wrapped:
+            return wrapped
+
+
+def test_the_refusal_torch_onnx_wrapped_is_found_by_class() -> None:
+    from torchscan._torch_onnx_hook import _torchscan_cause
+
+    wrapped = _chain()
+    assert str(_torchscan_cause(wrapped)) == "torchscan: the refusal that stands"
+    assert _torchscan_cause(wrapped.__cause__) is wrapped.__cause__
+    plain = RuntimeError("wrapped")
+    plain.__cause__ = ValueError("torchscan: a message alone does not make a torchscan error")
+    assert _torchscan_cause(plain) is None

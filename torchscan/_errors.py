@@ -1,0 +1,33 @@
+"""torchscan's error classes.
+
+Every error torchscan raises itself is a :class:`TorchscanError`, and also an instance of the
+builtin exception that says what kind of mistake it is: a ``TypeError`` for a value of the wrong
+type, structure, shape or dtype, a ``ValueError`` for a wrong value, a ``NotImplementedError``
+for a loop that runs eagerly but cannot be exported as asked. Code that expects the builtins keeps
+working; code that wants to tell torchscan's refusals from errors of its own function or of torch
+catches ``TorchscanError``. Every message starts with the function that refused (``torchscan.scan:
+...``), names the offending leaf by its pytree path (``carry['h']``, ``xs[1]``) and says what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ExportError", "TorchscanError", "TorchscanTypeError", "TorchscanValueError"]
+
+
+class TorchscanError(Exception):
+    """The base class of every error torchscan raises itself."""
+
+
+class TorchscanTypeError(TorchscanError, TypeError):
+    """An argument, or a value the step function returned, of the wrong type, pytree structure,
+    shape, dtype or device."""
+
+
+class TorchscanValueError(TorchscanError, ValueError):
+    """An argument of the right type with a wrong value (an axis out of range, a negative
+    length), or a model the check tool cannot run as given."""
+
+
+class ExportError(TorchscanError, NotImplementedError):
+    """A loop that runs eagerly but cannot be exported as asked; the message says why and what
+    to do instead."""
