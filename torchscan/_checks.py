@@ -8,6 +8,7 @@ one is known. None of these checks touches tensor data: they read shapes, dtypes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +17,18 @@ import torch
 
 from torchscan import _pytree
 from torchscan._errors import ExportError, TorchscanTypeError, TorchscanValueError
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanPlan:
+    """What the arguments of a scan say about the loop, checked once before it runs: the carry's
+    type, the leaves of ``xs`` with their structure and scan axes, and the number of steps."""
+
+    carry_type: CarryType
+    xs_leaves: list[torch.Tensor | None]
+    xs_spec: _pytree.TreeSpec
+    axes: list[int | None]
+    length: Any
 
 
 def describe(value: Any) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _checks, _pytree
+from torchscan import _checks, _pytree, _steps
 from torchscan._compat import (
     DispatchKey,
     HigherOrderOperator,
@@ -430,18 +430,21 @@ class _FlatStep:
 
 
 def traced_scan(
-    fn: Callable, plan: Any, axis: int, reverse: bool, reverse_ys: bool
+    fn: Callable,
+    plan: _checks.ScanPlan,
+    protocol: _steps.Protocol,
+    axis: int,
+    reverse: bool,
+    reverse_ys: bool,
 ) -> tuple[Any, Any]:
     """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors, or, when
     ``fn`` returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early).
 
-    ``plan`` is the checked description of the call (``torchscan._scan._Plan``); ``reverse``
+    ``plan`` is the checked description of the call, ``protocol`` reads and checks what ``fn``
+    returns in the words of the public function; ``reverse``
     reverses the order of the steps and ``reverse_ys`` the order in which ``ys`` are stacked.
     """
-    from torchscan._scan import _PROTOCOL
-
-    _install_onnx_hooks_if_exporting()
-    flat = _FlatStep(_PROTOCOL, plan.carry_type)
+    flat = _FlatStep(protocol, plan.carry_type)
     x_present = [leaf is not None for leaf in plan.xs_leaves]
     xs = [leaf for leaf in plan.xs_leaves if leaf is not None]
     in_axes = [a for a, present in zip(plan.axes, x_present, strict=True) if present]
@@ -621,13 +624,18 @@ def _loop_trace(mode, body, trip_count, cond, carries, captured, has_until):
 
 
 def traced_loop(
-    body: Callable, carry_type: _checks.CarryType, trip_count: Any, cond: Any
+    body: Callable,
+    carry_type: _checks.CarryType,
+    trip_count: Any,
+    cond: Any,
+    protocol: _steps.Protocol,
+    never_ends: str,
 ) -> tuple[Any, Any]:
-    """``loop`` under ``torch.export``: one ``torchscan_loop`` call on the flat tensors."""
-    from torchscan._loop import _NEVER_ENDS, _PROTOCOL
+    """``loop`` under ``torch.export``: one ``torchscan_loop`` call on the flat tensors.
 
-    _install_onnx_hooks_if_exporting()
-    flat = _FlatStep(_PROTOCOL, carry_type, _NEVER_ENDS if trip_count is None else "")
+    ``protocol`` reads and checks what ``body`` returns; ``never_ends`` is the message for a body
+    that returns no ``until`` where nothing else ends the loop (empty where something does)."""
+    flat = _FlatStep(protocol, carry_type, never_ends)
 
     def step(i, *args):
         return flat.flatten(body(i, flat.carry(args)))
@@ -640,10 +648,3 @@ def traced_loop(
         cond = torch.tensor(cond)
     out = torchscan_loop(step, trip_count, cond, flat.carries, (), flat.has_until)
     return flat.unflatten(out)
-
-
-def _install_onnx_hooks_if_exporting() -> None:
-    if torch.onnx.is_in_onnx_export():
-        from torchscan import _torch_onnx_hook
-
-        _torch_onnx_hook.install_onnx_hooks()

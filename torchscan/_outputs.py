@@ -6,6 +6,7 @@ a step is named in messages (``xs index 3``, ``iteration 3``).
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -118,8 +119,7 @@ class Outputs:
         fake_mode = _compat.FakeTensorMode(
             allow_non_fake_inputs=True, shape_env=_compat.shape_env(), static_shapes=True
         )
-        global _probing
-        outer, _probing = _probing, True
+        token = _probing.set(True)
         with torch.no_grad(), fake_mode as mode, _compat.non_strict_torch_function_handler()():
             fake_args = _pytree.tree_map(
                 lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args
@@ -135,17 +135,21 @@ class Outputs:
                     f"{type(error).__name__}: {error}"
                 ) from error
             finally:
-                _probing = outer
+                _probing.reset(token)
 
 
-_probing = False
+_probing = contextvars.ContextVar("torchscan_probing_shapes", default=False)
 
 
 def probing_shapes() -> bool:
     """Whether a function is being called on fake tensors to learn the shapes of its outputs.
     A scan or loop it calls then finds its own output shapes as under ``torch.export``: by
     calling its body once, instead of running it on values that fake tensors do not have."""
-    return _probing
+    if torch.compiler.is_compiling():
+        # Dynamo cannot read a context variable, and a probe never runs in a compiled graph: it
+        # makes fake tensors of its own, which Dynamo leaves to eager code.
+        return False
+    return _probing.get()
 
 
 def _fits(axis: int, leaf: torch.Tensor) -> bool:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
 
-from torchscan import _checks, _outputs, _pytree, _steps
+from torchscan import _checks, _hops, _outputs, _pytree, _steps, _torch_onnx_hook
 
 Carry = TypeVar("Carry")
 X = Any
@@ -104,9 +103,8 @@ def scan_in_order(
     _checks.refuse_torchscript(_API)
     plan = _plan(init, xs, length, axis)
     if torch.compiler.is_exporting() or _outputs.probing_shapes():
-        from torchscan import _hops
-
-        return _hops.traced_scan(fn, plan, axis, reverse, reverse and realign)
+        _torch_onnx_hook.install_if_exporting()
+        return _hops.traced_scan(fn, plan, _PROTOCOL, axis, reverse, reverse and realign)
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
     steps = _slices(plan)
@@ -116,15 +114,7 @@ def scan_in_order(
     return carry, _OUTPUTS.stack(ys, axis)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """What the arguments say about the loop, checked once before it runs."""
-
-    carry_type: _checks.CarryType
-    xs_leaves: list[torch.Tensor | None]
-    xs_spec: _pytree.TreeSpec
-    axes: list[int | None]
-    length: int
+_Plan = _checks.ScanPlan
 
 
 def _plan(init: Any, xs: Any, length: Any, axis: Any) -> _Plan:

@@ -74,6 +74,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def install_if_exporting() -> None:
+    """Make sure the hooks are in place when a scan or loop is traced by ``torch.onnx.export``
+    (torch.onnx may have loaded its exporter in a way the import hook did not see)."""
+    if torch.onnx.is_in_onnx_export():
+        install_onnx_hooks()
+
+
 def install_onnx_hooks() -> None:
     from torchscan.onnx import _hooks
 

@@ -3,10 +3,17 @@
 Importing ``torchscan`` is all ``torch.onnx.export(model, args, dynamo=True, opset_version=v)``
 needs to turn every ``torchscan.scan`` into one ONNX ``Scan`` node of the version in force at
 ``v``. This package holds the version table and the pieces torch.onnx calls.
+
+An export imports only what it uses: the check tool (``check`` and its report classes, which need
+``rich``) and the conversion below opset 18 (``OpsetConversionError``) are imported when first
+used.
 """
 
-from torchscan.onnx._compare import check as check
-from torchscan.onnx._convert import OpsetConversionError as OpsetConversionError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from torchscan.onnx._hoist import hoist_loop_invariants as hoist_loop_invariants
 from torchscan.onnx._opsets import (
     LOOP_VERSIONS as LOOP_VERSIONS,
@@ -25,11 +32,38 @@ from torchscan.onnx._opsets import (
 )
 from torchscan.onnx._options import ExportOptions as ExportOptions
 from torchscan.onnx._options import export_options as export_options
-from torchscan.onnx._report import CheckedNode as CheckedNode
-from torchscan.onnx._report import CheckReport as CheckReport
-from torchscan.onnx._report import Comparison as Comparison
-from torchscan.onnx._report import Finding as Finding
-from torchscan.onnx._report import OutputDiff as OutputDiff
+
+if TYPE_CHECKING:
+    from torchscan.onnx._compare import check as check
+    from torchscan.onnx._convert import OpsetConversionError as OpsetConversionError
+    from torchscan.onnx._report import CheckedNode as CheckedNode
+    from torchscan.onnx._report import CheckReport as CheckReport
+    from torchscan.onnx._report import Comparison as Comparison
+    from torchscan.onnx._report import Finding as Finding
+    from torchscan.onnx._report import OutputDiff as OutputDiff
+
+_LAZY = {
+    "check": "torchscan.onnx._compare",
+    "OpsetConversionError": "torchscan.onnx._convert",
+    "CheckedNode": "torchscan.onnx._report",
+    "CheckReport": "torchscan.onnx._report",
+    "Comparison": "torchscan.onnx._report",
+    "Finding": "torchscan.onnx._report",
+    "OutputDiff": "torchscan.onnx._report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "LOOP_VERSIONS",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Iterator
 
@@ -15,11 +16,15 @@ class ExportOptions:
     (see ``torchscan.onnx.hoist_loop_invariants``)."""
 
 
-_current = ExportOptions()
+_DEFAULTS = ExportOptions()  # frozen: one instance can be every context's default
+_current: contextvars.ContextVar[ExportOptions] = contextvars.ContextVar(
+    "torchscan_export_options", default=_DEFAULTS
+)
 
 
 def current() -> ExportOptions:
-    return _current
+    """The settings in force in this thread or task."""
+    return _current.get()
 
 
 @contextlib.contextmanager
@@ -31,10 +36,8 @@ def export_options(**changes: bool) -> Iterator[ExportOptions]:
     ...     options.hoist_loop_invariants
     False
     """
-    global _current
-    before = _current
-    _current = dataclasses.replace(_current, **changes)
+    token = _current.set(dataclasses.replace(_current.get(), **changes))
     try:
-        yield _current
+        yield _current.get()
     finally:
-        _current = before
+        _current.reset(token)

@@ -1,0 +1,110 @@
+"""The layers of the package: no import cycles, an export that imports only what it uses, and
+settings held per context rather than in module globals (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torchscan
+import torchscan.onnx
+
+PACKAGE = Path(torchscan.__file__).parent
+
+# The conversion below opset 18 and its adapters still share helpers both ways.
+KNOWN_CYCLES = {("torchscan.onnx._convert", "torchscan.onnx._convert_adapters")}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every torchscan module and the torchscan modules it imports, at any depth of its code."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    imported.add(full if full in modules else node.module)
+        graph[name] = {m for m in imported if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
+    found = set()
+
+    def walk(start: str, node: str, path: list[str]) -> None:
+        for successor in graph[node]:
+            if successor == start:
+                found.add(tuple(sorted(path)))
+            elif successor not in path and successor > start:
+                walk(start, successor, [*path, successor])
+
+    for module in graph:
+        walk(module, module, [module])
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_import_graph()) <= KNOWN_CYCLES
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == {("a", "b", "c")}
+
+
+EXPORT = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import torch, torchscan
+
+class Model(torch.nn.Module):
+    def forward(self, xs):
+        return torchscan.scan(lambda h, x: (h + x, h * 2), torch.zeros(3), xs)
+
+torch.onnx.export(Model(), (torch.ones(4, 3),), dynamo=True, opset_version=18, verbose=False)
+print(sorted(m for m in sys.modules if m == "rich" or m.startswith(("torchscan.", "rich."))))
+"""
+
+
+def test_an_export_imports_neither_the_check_tool_nor_rich() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", EXPORT], capture_output=True, text=True, check=True
+    )
+    loaded = set(eval(result.stdout.strip().splitlines()[-1]))
+    assert "torchscan.onnx._hooks" in loaded  # the export did go through torchscan
+    assert not loaded & {"rich", "torchscan.onnx._compare", "torchscan.onnx._lint"}
+    assert "torchscan.onnx._report" not in loaded
+
+
+def test_lazy_names_of_the_onnx_package_resolve() -> None:
+    from torchscan.onnx._compare import check
+    from torchscan.onnx._convert import OpsetConversionError
+
+    assert torchscan.onnx.check is check
+    assert torchscan.onnx.OpsetConversionError is OpsetConversionError
+    assert set(torchscan.onnx.__all__) <= set(dir(torchscan.onnx))
+
+
+def test_export_options_belong_to_their_context() -> None:
+    seen = []
+    with torchscan.onnx.export_options(hoist_loop_invariants=False):
+        thread = threading.Thread(
+            target=lambda: seen.append(torchscan.onnx._options.current().hoist_loop_invariants)
+        )
+        thread.start()
+        thread.join()
+        assert not torchscan.onnx._options.current().hoist_loop_invariants
+    assert seen == [True]
+    assert torchscan.onnx._options.current().hoist_loop_invariants
