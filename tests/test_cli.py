@@ -300,7 +300,7 @@ def test_importing_torchscan_and_its_cli_imports_no_onnx() -> None:
 
 def test_running_out_of_memory_is_one_line_and_exits_2(monkeypatch, capsys) -> None:
     from torchscan import _cli
-    from torchscan.onnx import _compare
+    from torchscan.onnx._check import _compare
 
     def exhausted(*args, **kwargs):
         raise MemoryError

@@ -75,9 +75,10 @@ def test_errors_of_every_front_end_are_torchscan_errors(case: str) -> None:
 ALLOWED = {
     ("_cli.py", "ArgumentTypeError"),
     ("onnx/__init__.py", "AttributeError"),  # a module's __getattr__ for a name it lacks
-    ("onnx/_compare.py", "FileNotFoundError"),
-    ("onnx/_compare.py", "NotImplementedError"),
-    ("onnx/_compare.py", "RuntimeError"),
+    ("onnx/_check/_inputs.py", "FileNotFoundError"),
+    ("onnx/_check/_load.py", "FileNotFoundError"),
+    ("onnx/_check/_runtimes.py", "NotImplementedError"),
+    ("onnx/_check/_runtimes.py", "RuntimeError"),
     ("onnx/_translate.py", "RuntimeError"),
 }
 

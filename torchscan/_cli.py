@@ -89,7 +89,7 @@ def _dim(text: str) -> tuple[str, int]:
 
 
 def _check(options: argparse.Namespace) -> int:
-    from torchscan.onnx._compare import RUNTIMES, check
+    from torchscan.onnx._check._compare import RUNTIMES, check
 
     try:
         report = check(

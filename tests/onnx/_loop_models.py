@@ -230,8 +230,9 @@ def sequence_state_and_order(t: int) -> tuple[torch.Tensor, ...]:
     return randn(t, B, F), randn(B, H), torch.randperm(t, generator=_gen)
 
 
-# onnx.reference cannot run a Loop that runs no iteration (torchscan.onnx._compare._spec_loop):
-# the reference_lengths of a case leave out the inputs that run none.
+# onnx.reference cannot run a Loop that runs no iteration
+# (torchscan.onnx._check._runtimes._spec_loop): the reference_lengths of a case leave out the
+# inputs that run none.
 CASES: dict[str, Case] = {
     "for-static": Case(ForStatic, sequence_and_state, lambda: None, {"Loop": 1}, run_lengths=()),
     "for-sequence": Case(ForSequence, sequence_and_state, dynamic_first(2), {"Loop": 1}),

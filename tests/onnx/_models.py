@@ -36,7 +36,7 @@ class Case:
     run_lengths: tuple[int, ...] = (1, 6)
     reference_lengths: tuple[int, ...] | None = None
     """The run lengths onnx.reference can run, where they differ: it cannot run a Loop that runs
-    no iteration (torchscan.onnx._compare._spec_loop)."""
+    no iteration (torchscan.onnx._check._runtimes._spec_loop)."""
 
 
 def time_major(*feature_shapes: tuple[int, ...]):

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import torch
 import torch.utils._pytree as pytree
 
-from torchscan.onnx._compare import _spec_loop
+from torchscan.onnx._check._runtimes import _spec_loop
 
 
 def run_onnxruntime(model: onnx.ModelProto, inputs: Sequence[torch.Tensor]) -> list[np.ndarray]:

@@ -20,7 +20,7 @@ from torch._higher_order_ops.scan import scan as hop_scan
 
 import torchscan
 import torchscan.onnx
-from torchscan.onnx import _compare
+from torchscan.onnx._check import _diff, _inputs, _random
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
@@ -280,7 +280,7 @@ def _scan_over(*xs: tuple, h: tuple = (2,), axes: list[int] | None = None) -> on
 
 
 def _random_shapes(model: onnx.ModelProto, **dims: int) -> dict[str, tuple]:
-    return {name: value.shape for name, value in _compare.random_inputs(model, dims).items()}
+    return {name: value.shape for name, value in _random.random_inputs(model, dims).items()}
 
 
 def test_the_scan_inputs_of_one_scan_get_one_length_whatever_their_dimension_names() -> None:
@@ -332,11 +332,11 @@ def test_dims_that_break_a_scan_are_refused(model, dims: dict, message: str) -> 
 def test_random_inputs_are_arrays_even_scalars_and_a_bool_scalar_is_true() -> None:
     rng = np.random.default_rng(0)
     for dtype in (np.bool_, np.complex64, np.complex128, np.float32, np.int64, np.object_):
-        value = _compare._random_array(np.dtype(dtype), (), rng)
+        value = _random._random_array(np.dtype(dtype), (), rng)
         assert isinstance(value, np.ndarray), dtype
         assert (value.shape, value.dtype) == ((), np.dtype(dtype))
-    assert _compare._random_array(np.dtype(np.bool_), (), rng).item() is True
-    assert _compare._random_array(np.dtype(np.bool_), (100,), rng).sum() not in (0, 100)
+    assert _random._random_array(np.dtype(np.bool_), (), rng).item() is True
+    assert _random._random_array(np.dtype(np.bool_), (100,), rng).sum() not in (0, 100)
 
 
 def test_onnx_s_test_loop11_passes_on_random_inputs() -> None:
@@ -347,7 +347,7 @@ def test_onnx_s_test_loop11_passes_on_random_inputs() -> None:
     assert report.inputs[1:3] == ("trip_count: int64[]", "cond: bool[]")
     statuses = {c.source: c.status for c in report.comparisons}
     assert statuses == {"onnxruntime": "baseline", "reference": "ok"}
-    feeds = _compare.random_inputs(backend_cases()["test_loop11"].model, {})
+    feeds = _random.random_inputs(backend_cases()["test_loop11"].model, {})
     assert (feeds["trip_count"].item(), feeds["cond"].item()) == (3, True)
     outputs = [(o.name, o.shape) for o in report.comparisons[0].outputs]
     assert outputs == [("res_y", "(1,)"), ("res_scan", "(3, 1)")]  # 3 iterations, not 0
@@ -490,7 +490,7 @@ def test_npz_inputs_are_read_by_name_or_position(tmp_path: Path) -> None:
     ids=["nan-nan", "nan-1", "inf-inf", "1-0", "2-1", "within", "strings", "bools"],
 )
 def test_errors_are_largest_absolute_and_relative(a, b, expected) -> None:
-    assert _compare._errors(a, b, 1e-5, 1e-5) == expected
+    assert _diff._errors(a, b, 1e-5, 1e-5) == expected
 
 
 def _model_without_loops() -> onnx.ModelProto:
@@ -704,12 +704,12 @@ CHECK_ERRORS: dict[str, tuple[Callable[[dict], object], type, str]] = {
         "{map.onnx}: onnx_ir cannot read the model to lint it: Map types are not supported yet.",
     ),
     "pb file of a sparse tensor": (
-        lambda f: _compare.read_inputs(f["maps"], _with_input(_sparse_type())),
+        lambda f: _inputs.read_inputs(f["maps"], _with_input(_sparse_type())),
         ValueError,
         "{maps}/input_2.pb: cannot read a value of type sparse_tensor_type from it",
     ),
     "random sparse tensor": (
-        lambda f: _compare.random_inputs(_with_input(_sparse_type()), {}),
+        lambda f: _random.random_inputs(_with_input(_sparse_type()), {}),
         ValueError,
         "input 'm' is of type sparse_tensor_type: give its values with inputs",
     ),
@@ -879,14 +879,14 @@ def test_bad_input_raises_a_clear_error(case: str, tmp_path: Path) -> None:
 
 
 def test_a_random_input_that_does_not_fit_in_memory_is_refused(monkeypatch) -> None:
-    allocate = _compare._random_array
+    allocate = _random._random_array
 
     def exhausted(dtype, shape, rng):
         if math.prod(shape) > 1000:
             raise MemoryError
         return allocate(dtype, shape, rng)
 
-    monkeypatch.setattr(_compare, "_random_array", exhausted)
+    monkeypatch.setattr(_random, "_random_array", exhausted)
     with pytest.raises(ValueError, match=r"^random input 'x0', ") as raised:
         torchscan.onnx.check(_scan_over(("T", 2)), dims={"T": 10**6})
     assert str(raised.value) == (

@@ -12,7 +12,8 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 import torchscan.onnx
-from torchscan.onnx import _lint, _opsets
+from torchscan.onnx import _opsets
+from torchscan.onnx._check import _lint, _rules
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 ROOT = Path(__file__).resolve().parents[2]
@@ -396,7 +397,7 @@ def test_a_broken_model_is_reported_under_its_rule(rule: str) -> None:
 
 
 def test_every_rule_has_a_broken_model() -> None:
-    assert sorted(BROKEN) == sorted(_lint.RULES)
+    assert sorted(BROKEN) == sorted(_rules.RULES)
 
 
 def test_a_finding_names_the_node_the_rule_and_quotes_the_spec() -> None:
@@ -469,7 +470,7 @@ def test_docs_list_every_rule() -> None:
     page = (ROOT / "docs" / "check.md").read_text()
     generated = page.split("<!-- rule-table", 1)[1].split("-->", 1)[1]
     generated = generated.split("<!-- end of rule-table -->", 1)[0]
-    assert generated.strip() == _lint.markdown_rules().strip()
+    assert generated.strip() == _rules.markdown_rules().strip()
 
 
 def test_scan8_batch_sizes_must_agree() -> None:
@@ -522,7 +523,7 @@ def assert_quotes_the_spec(finding: torchscan.onnx.Finding) -> None:
     ids=lambda v: f"{v.op}-{v.since}",
 )
 def test_the_type_constraint_quote_is_the_specification_s(version) -> None:
-    quote, source = _lint._type_constraint_quote(version)
+    quote, source = _rules._type_constraint_quote(version)
     finding = torchscan.onnx.Finding("n", f"{version.op}-{version.since}", "r", "m", quote, source)
     assert_quotes_the_spec(finding)
     english = version.since <= 16

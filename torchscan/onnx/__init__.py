@@ -34,22 +34,22 @@ from torchscan.onnx._options import ExportOptions as ExportOptions
 from torchscan.onnx._options import export_options as export_options
 
 if TYPE_CHECKING:
-    from torchscan.onnx._compare import check as check
+    from torchscan.onnx._check._compare import check as check
+    from torchscan.onnx._check._report import CheckedNode as CheckedNode
+    from torchscan.onnx._check._report import CheckReport as CheckReport
+    from torchscan.onnx._check._report import Comparison as Comparison
+    from torchscan.onnx._check._report import Finding as Finding
+    from torchscan.onnx._check._report import OutputDiff as OutputDiff
     from torchscan.onnx._convert import OpsetConversionError as OpsetConversionError
-    from torchscan.onnx._report import CheckedNode as CheckedNode
-    from torchscan.onnx._report import CheckReport as CheckReport
-    from torchscan.onnx._report import Comparison as Comparison
-    from torchscan.onnx._report import Finding as Finding
-    from torchscan.onnx._report import OutputDiff as OutputDiff
 
 _LAZY = {
-    "check": "torchscan.onnx._compare",
+    "check": "torchscan.onnx._check._compare",
     "OpsetConversionError": "torchscan.onnx._convert",
-    "CheckedNode": "torchscan.onnx._report",
-    "CheckReport": "torchscan.onnx._report",
-    "Comparison": "torchscan.onnx._report",
-    "Finding": "torchscan.onnx._report",
-    "OutputDiff": "torchscan.onnx._report",
+    "CheckedNode": "torchscan.onnx._check._report",
+    "CheckReport": "torchscan.onnx._check._report",
+    "Comparison": "torchscan.onnx._check._report",
+    "Finding": "torchscan.onnx._check._report",
+    "OutputDiff": "torchscan.onnx._check._report",
 }
 
 

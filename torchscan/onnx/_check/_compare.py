@@ -1,0 +1,318 @@
+"""``torchscan.onnx.check``: lint a model's Scan and Loop nodes, and compare its runtimes. The
+model is read (from a path, bytes or a ``ModelProto``) with errors that say what is wrong with the
+file (:mod:`torchscan.onnx._check._load`); its ``Scan`` and ``Loop`` nodes are linted
+(:mod:`torchscan.onnx._check._lint`); then it is run in onnxruntime and in onnx's reference
+evaluator (:mod:`torchscan.onnx._check._runtimes`), and optionally eager PyTorch, on the same
+inputs (:mod:`torchscan.onnx._check._inputs`, :mod:`torchscan.onnx._check._random`), and every
+output is held against a baseline (:mod:`torchscan.onnx._check._diff`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from torchscan._errors import TorchscanValueError
+from torchscan.onnx._check import _lint
+from torchscan.onnx._check._diff import _diff_all, _named_outputs, _shape_text
+from torchscan.onnx._check._inputs import (
+    _by_position,
+    _describe,
+    _feeds,
+    _feeds_from_args,
+    read_inputs,
+)
+from torchscan.onnx._check._load import _check_readable, load_model
+from torchscan.onnx._check._random import SEED, random_inputs
+from torchscan.onnx._check._report import (
+    BASELINE,
+    ERROR,
+    MISMATCH,
+    OK,
+    UNSUPPORTED,
+    CheckReport,
+    Comparison,
+    OutputDiff,
+)
+from torchscan.onnx._check._runtimes import _RUNNERS, RUNTIMES, _pytorch_outputs, _Unsupported
+
+DEFAULT_ATOL = 1e-5
+DEFAULT_RTOL = 1e-5
+
+
+def check(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    *,
+    inputs: str | os.PathLike | Mapping[str, Any] | Sequence[Any] | None = None,
+    expected: Mapping[str, Any] | Sequence[Any] | None = None,
+    module: Callable[..., Any] | None = None,
+    args: Sequence[Any] | None = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    dims: Mapping[str, int] | None = None,
+    runtimes: Sequence[str] = RUNTIMES,
+) -> CheckReport:
+    """Lint every ``Scan`` and ``Loop`` node of an ONNX model and compare runtimes on it.
+
+    Lint: each ``Scan`` and ``Loop`` node, bodies and local functions included, is checked
+    against the rules of the version in force in the model (body arity, ``num_scan_inputs``,
+    axes and directions, element types, ``M`` and ``cond``, carried types and shapes, Scan-8's
+    batch axis and ``sequence_lens``); each finding names the node, the rule and quotes the
+    specification. ``docs/check.md`` lists the rules.
+
+    Compare: the model runs in each of ``runtimes`` on the same inputs, and ``module(*args)``
+    runs eagerly when a module is given. Every output is held against a baseline: ``expected``
+    (or the ``output_*.pb`` files next to the inputs) where given, else PyTorch's outputs, else
+    the first runtime that ran. An output agrees when every element ``a`` is within
+    ``atol + rtol * |b|`` of the baseline's ``b`` (NaNs where the baseline has NaNs), with the
+    same shape and element type. A runtime that does not run a model (onnx's reference evaluator
+    on Scan-8, on a Scan along an axis other than 0 or in reverse; onnxruntime on 4-bit and 2-bit
+    types; either on a zero-length scan) is reported as not supported, which is not a failure.
+
+    The inputs are, in this order of preference: ``inputs``; the tensors among ``args`` (as
+    ``torch.onnx.export`` flattens them) when a module is given; random values built from the
+    model's input types. Given inputs must be of the element types, ranks and static sizes of
+    the model's inputs. Random inputs have dynamic dimensions of the sizes in ``dims``; one left
+    unset gets a size of its own (3, 4, 5, ... in the order they appear, skipping the sizes of
+    static dimensions), except that dimensions the specification makes equal (the lengths of
+    one Scan's scan inputs along their scan axes) get one size. Random floats are standard
+    normal, integers lie in [1, 3], a bool scalar is True (so that a Loop's ``cond`` lets it
+    run), and the draw is the same on every call. A model with a Loop that can never end (a
+    ``loop-never-ends`` finding) is not run.
+
+    Args:
+      model: a path to an ``.onnx`` file, its bytes, or an ``onnx.ModelProto``.
+      inputs: a path to an ``.npz`` file (arrays named after the model's inputs, or saved
+        positionally), a folder of ``input_*.pb`` files (an ONNX test case's
+        ``test_data_set_*``, or the test case folder itself, whose first data set is used), a
+        mapping from input name to value, or a sequence of values in the model's input order.
+        Values are numpy arrays or scalars, torch tensors, lists for sequence inputs, and None
+        for empty optional inputs.
+      expected: the model's outputs that the runtimes must give, as a mapping by output name or
+        a sequence in output order.
+      module: a callable, typically the ``torch.nn.Module`` that was exported, run as is (put it
+        in eval mode first) under ``torch.no_grad()``.
+      args: the positional arguments of ``module``; needed exactly when ``module`` is given.
+      atol: the absolute tolerance, at least 0.
+      rtol: the relative tolerance, at least 0.
+      dims: sizes of named dynamic dimensions (``dim_param``) for random inputs.
+      runtimes: which of ``"onnxruntime"`` and ``"reference"`` to run; empty to lint only.
+
+    Returns:
+      A :class:`CheckReport`; ``report.ok`` is True when nothing was found and no output
+      disagrees or failed to be computed. ``print(report)`` shows it as tables.
+
+    Raises:
+      FileNotFoundError: ``model`` or ``inputs`` names no file.
+      ValueError: the model cannot be read (not ONNX, truncated, empty, corrupt, without the
+        opset imports that give its Scan and Loop nodes a version), has no Scan or Loop node,
+        or the inputs or options do not fit it (inputs of another element type, rank or size;
+        random inputs too large); the message says which and why.
+      TypeError: ``model`` is of none of the accepted types.
+    """
+    _check_options(atol, rtol, runtimes, module, args)
+    proto, label = load_model(model)
+    _check_readable(proto, label)
+    try:
+        linted = _lint.lint(proto)
+    except ValueError as error:
+        raise TorchscanValueError(f"{label}: {error}") from None
+    if not linted.nodes:
+        raise TorchscanValueError(f"{label}: has no Scan or Loop node; there is nothing to check")
+    comparisons: tuple[Comparison, ...] = ()
+    described: tuple[str, ...] = ()
+    notes = linted.notes
+    endless = [f.node for f in linted.findings if f.rule == "loop-never-ends"]
+    if runtimes or module is not None:
+        feeds, expected_values, described = _inputs(proto, inputs, expected, module, args, dims)
+    if endless and (runtimes or module is not None):
+        notes += (
+            f"the model was not run: {endless[0]} never ends (see its loop-never-ends finding), "
+            f"so no runtime could finish it",
+        )
+    elif runtimes or module is not None:
+        comparisons = compare(
+            proto,
+            feeds,
+            expected=expected_values,
+            module=module,
+            args=args,
+            atol=atol,
+            rtol=rtol,
+            runtimes=runtimes,
+            isolate=bool(linted.findings),
+        )
+    return CheckReport(
+        model=label,
+        opset=linted.opset,
+        nodes=linted.nodes,
+        findings=linted.findings,
+        comparisons=comparisons,
+        inputs=described,
+        atol=atol,
+        rtol=rtol,
+        notes=notes,
+    )
+
+
+def _check_options(
+    atol: float, rtol: float, runtimes: Sequence[str], module: Any, args: Any
+) -> None:
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise TorchscanValueError(f"{name} must be a finite number at least 0, not {value!r}")
+    if isinstance(runtimes, str):
+        raise TorchscanValueError(f"runtimes is a sequence of names, not the string {runtimes!r}")
+    for runtime in runtimes:
+        if runtime not in RUNTIMES:
+            raise TorchscanValueError(
+                f"unknown runtime {runtime!r}; the runtimes are {', '.join(RUNTIMES)}"
+            )
+    if (module is None) != (args is None):
+        given, missing = ("module", "args") if args is None else ("args", "module")
+        raise TorchscanValueError(
+            f"{given} was given without {missing}: PyTorch runs module(*args)"
+        )
+
+
+def _inputs(
+    model: onnx.ModelProto,
+    inputs: Any,
+    expected: Any,
+    module: Any,
+    args: Any,
+    dims: Mapping[str, int] | None,
+) -> tuple[dict[str, Any], list[Any] | None, tuple[str, ...]]:
+    """The feeds, the expected outputs (or None) and a description of the feeds."""
+    expected_values = None if expected is None else _by_position(model, expected)
+    if inputs is None and module is None:
+        feeds = random_inputs(model, dims or {})
+        source = f"random (seed {SEED})"
+    elif dims:
+        raise TorchscanValueError("dims sets the sizes of random inputs, but the inputs were given")
+    elif inputs is None:
+        feeds = _feeds_from_args(model, args)
+        source = "the tensors of args"
+    elif isinstance(inputs, (str, os.PathLike)):
+        feeds, from_files = read_inputs(inputs, model)
+        expected_values = expected_values if expected_values is not None else from_files
+        source = f"{inputs}"
+    else:
+        feeds = _feeds(model, inputs, "the inputs")
+        source = "given"
+    described = (
+        f"source: {source}",
+        *(f"{name}: {_describe(value)}" for name, value in feeds.items()),
+    )
+    return feeds, expected_values, described
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+def compare(
+    model: onnx.ModelProto,
+    feeds: dict[str, Any],
+    *,
+    expected: list[Any] | None = None,
+    module: Callable[..., Any] | None = None,
+    args: Sequence[Any] | None = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    runtimes: Sequence[str] = RUNTIMES,
+    isolate: bool = False,
+) -> tuple[Comparison, ...]:
+    """Run ``model`` in ``runtimes`` (and ``module(*args)``) and hold each against a baseline.
+
+    Args:
+      model: the model.
+      feeds: its inputs by name.
+      expected: the outputs it must give, in output order; the baseline where given.
+      module: eager PyTorch to compare with; its outputs are the baseline unless ``expected``.
+      args: the positional arguments of ``module``.
+      atol: the absolute tolerance.
+      rtol: the relative tolerance.
+      runtimes: the runtimes to run, among :data:`RUNTIMES`.
+      isolate: run onnxruntime in a child process even where the inputs seem safe.
+
+    Returns:
+      One :class:`Comparison` per source, the baseline first.
+    """
+    names = [o.name for o in model.graph.output]
+    results: dict[str, list[Any] | BaseException] = {}
+    if expected is not None:
+        results["expected"] = expected
+    if module is not None:
+        results["pytorch"] = _attempt(lambda: _pytorch_outputs(module, args or ()))
+    empty = _has_empty_dimension(feeds)
+    for runtime in runtimes:
+        run = _RUNNERS[runtime]
+        results[runtime] = _attempt(lambda run=run: run(model, feeds, isolate or empty))
+    baseline = next((s for s, r in results.items() if not isinstance(r, BaseException)), None)
+    comparisons = []
+    for source, result in results.items():
+        if isinstance(result, BaseException):
+            comparisons.append(_failed(source, baseline or "", result, empty))
+        elif source == baseline:
+            diffs = tuple(
+                OutputDiff(n, _shape_text(v), None, None, True)
+                for n, v in _named_outputs(names, result)
+            )
+            comparisons.append(Comparison(source, source, BASELINE, "", diffs))
+        else:
+            diffs = _diff_all(names, result, results[baseline], atol, rtol)
+            status = OK if all(d.ok for d in diffs) else MISMATCH
+            comparisons.append(Comparison(source, baseline, status, "", diffs))
+    comparisons.sort(key=lambda c: c.status != BASELINE)
+    return tuple(comparisons)
+
+
+def _attempt(run: Callable[[], list[Any]]) -> list[Any] | BaseException:
+    try:
+        return run()
+    except Exception as error:  # a runtime's failure is a result to report, not to raise
+        return error
+
+
+def _failed(source: str, against: str, error: BaseException, empty: bool) -> Comparison:
+    reason = _one_line(error)
+    if isinstance(error, _Unsupported) or _says_unsupported(source, error):
+        return Comparison(source, against, UNSUPPORTED, reason)
+    if empty and source in RUNTIMES:
+        # Both runtimes fail on zero-length scans, which the specification allows.
+        return Comparison(
+            source, against, UNSUPPORTED, f"an input has an empty dimension: {reason}"
+        )
+    return Comparison(source, against, ERROR, reason)
+
+
+def _says_unsupported(source: str, error: BaseException) -> bool:
+    """Whether a runtime's error says that it lacks a feature, rather than that the model is
+    wrong: onnxruntime's NOT_IMPLEMENTED status, onnx.reference's "not implemented"."""
+    name = getattr(error, "child_type", type(error).__name__)
+    if name in ("NotImplementedError", "NotImplemented"):
+        return True
+    said = re.search(r"not (implemented|supported)", str(error), re.IGNORECASE)
+    return source == "reference" and bool(said)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _has_empty_dimension(feeds: Mapping[str, Any]) -> bool:
+    def empty(value: Any) -> bool:
+        if value is None:
+            return False
+        if isinstance(value, list):
+            return any(map(empty, value))
+        return 0 in np.shape(value)
+
+    return any(empty(v) for v in feeds.values())

@@ -1,0 +1,307 @@
+"""The inputs ``check`` is given and the outputs it is told to expect: from an ``.npz`` file or a
+folder of ``input_*.pb`` and ``output_*.pb`` files, a mapping or a sequence, or the tensors of
+``args``; made what the runtimes take (numpy arrays, lists of them for sequences, None for empty
+optionals; torch's bfloat16 and float8 through ``ml_dtypes``), held against the model's input
+types before anything runs, and described in the words of the report.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+from google.protobuf.message import DecodeError
+
+from torchscan._errors import TorchscanValueError
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The inputs a model must be fed: its graph inputs that are not initializers."""
+    initialized = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in initialized]
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, list):
+        return f"seq[{len(value)}]" + (f" of {_describe(value[0])}" if value else "")
+    return f"{_dtype_name(value.dtype)}[{', '.join(str(d) for d in value.shape)}]"
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return "string" if dtype.kind in "OUS" else dtype.name
+
+
+def _type_text(type_proto: onnx.TypeProto) -> str:
+    """An ONNX type in the words of :func:`_describe`, as in ``float32[T, 2]``."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "sequence_type":
+        return f"seq of {_type_text(type_proto.sequence_type.elem_type)}"
+    if kind == "optional_type":
+        return f"optional {_type_text(type_proto.optional_type.elem_type)}"
+    if kind != "tensor_type":
+        return str(kind)
+    tensor = type_proto.tensor_type
+    expected = _np_dtype(tensor.elem_type)
+    name = (
+        _dtype_name(expected)
+        if expected is not None
+        else onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
+    )
+    if not tensor.HasField("shape"):
+        return f"{name} of any shape"
+    return f"{name}[{', '.join(_dim_text(d) for d in tensor.shape.dim)}]"
+
+
+def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
+    if dim.HasField("dim_value"):
+        return str(dim.dim_value)
+    return dim.dim_param if dim.HasField("dim_param") else "?"
+
+
+def _np_dtype(elem_type: int) -> np.dtype | None:
+    if elem_type == onnx.TensorProto.UNDEFINED:
+        return None
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _check_fit(model: onnx.ModelProto, feeds: Mapping[str, Any], what: str) -> None:
+    """Refuse values that the model's inputs do not take, before anything runs: a runtime
+    would fail on them, or worse, onnx.reference would compute in their type."""
+    for info in graph_inputs(model):
+        value = feeds[info.name]
+        problem = _misfit(info.type, value)
+        if problem:
+            raise TorchscanValueError(
+                f"{what} give input {info.name!r} as {_describe(value)}, but the model takes "
+                f"{_type_text(info.type)}: {problem}"
+            )
+
+
+def _misfit(type_proto: onnx.TypeProto, value: Any, shapes: bool = True) -> str | None:
+    """Why ``value`` is not of type ``type_proto``, or None. Sequence elements are held to their
+    element type only, as their declared shapes often stand for several shapes."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "optional_type":
+        return None if value is None else _misfit(type_proto.optional_type.elem_type, value)
+    if kind == "sequence_type":
+        if not isinstance(value, list):
+            return "it is not a sequence (give a list of tensors)"
+        for i, item in enumerate(value):
+            problem = _misfit(type_proto.sequence_type.elem_type, item, shapes=False)
+            if problem:
+                return f"its element {i}: {problem}"
+        return None
+    if kind != "tensor_type":
+        return None  # map and sparse inputs: the runtimes say what they make of them
+    if value is None or isinstance(value, list):
+        return "it is not a tensor"
+    tensor = type_proto.tensor_type
+    expected = _np_dtype(tensor.elem_type)
+    if expected is not None and not (
+        value.dtype == expected or (expected.kind == "O" and value.dtype.kind in "OUS")
+    ):
+        return f"its element type is {_dtype_name(value.dtype)}, not {_dtype_name(expected)}"
+    if not (shapes and tensor.HasField("shape")):
+        return None
+    dims = tensor.shape.dim
+    if value.ndim != len(dims):
+        return f"its rank is {value.ndim}, not {len(dims)}"
+    for axis, (dim, size) in enumerate(zip(dims, value.shape, strict=True)):
+        if dim.HasField("dim_value") and dim.dim_value != size:
+            return f"its dimension {axis} is {size}, not {dim.dim_value}"
+    return None
+
+
+def _feeds(model: onnx.ModelProto, values: Any, what: str) -> dict[str, Any]:
+    """Map given values (by name or by position) onto the model's inputs."""
+    names = [i.name for i in graph_inputs(model)]
+    listed = ", ".join(names) or "none"
+    if isinstance(values, Mapping):
+        unknown = [k for k in values if k not in names]
+        if unknown:
+            raise TorchscanValueError(
+                f"{what} give values for {', '.join(map(repr, unknown))}, which the model has no "
+                f"input for; its inputs are: {listed}"
+            )
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise TorchscanValueError(
+                f"{what} give no value for model input {missing[0]!r}; its inputs are: {listed}"
+            )
+        feeds = {n: _as_value(values[n]) for n in names}
+    else:
+        values = list(values)
+        if len(values) != len(names):
+            raise TorchscanValueError(
+                f"{what} give {len(values)} values, but the model has {len(names)} inputs: {listed}"
+            )
+        feeds = {n: _as_value(v) for n, v in zip(names, values, strict=True)}
+    _check_fit(model, feeds, what)
+    return feeds
+
+
+def _by_position(model: onnx.ModelProto, values: Any) -> list[Any]:
+    names = [o.name for o in model.graph.output]
+    if isinstance(values, Mapping):
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise TorchscanValueError(f"expected has no value for model output {missing[0]!r}")
+        return [_as_value(values[n]) for n in names]
+    values = [_as_value(v) for v in values]
+    if len(values) != len(names):
+        raise TorchscanValueError(
+            f"expected holds {len(values)} values, but the model has {len(names)} outputs"
+        )
+    return values
+
+
+def _as_value(value: Any) -> Any:
+    """A value as runtimes take it: numpy arrays, lists of them for sequences, or None."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_as_value(v) for v in value]
+    if hasattr(value, "detach") and hasattr(value, "dtype"):
+        return _torch_to_numpy(value)
+    return np.asarray(value)
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def read_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> tuple[dict, list | None]:
+    """Feeds from an ``.npz`` file or a folder of ``input_*.pb`` files, and the expected
+    outputs from the folder's ``output_*.pb`` files where there are any.
+
+    Raises:
+      FileNotFoundError: nothing at ``path``.
+      ValueError: the file or folder cannot be read, or does not fit the model's inputs.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if path.is_dir():
+        return _read_test_data(path, model)
+    if path.suffix != ".npz":
+        raise TorchscanValueError(
+            f"{path}: cannot read inputs from it: expected a .npz file or a folder of "
+            f"input_*.pb files"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {k: archive[k] for k in archive.files}
+    except Exception as error:  # numpy raises several unrelated types for a bad archive
+        raise TorchscanValueError(f"{path}: cannot read arrays from it ({error})") from None
+    names = [i.name for i in graph_inputs(model)]
+    positional = [f"arr_{i}" for i in range(len(arrays))]
+    if sorted(arrays) == sorted(positional) and not set(arrays) & set(names):
+        return _feeds(model, [arrays[k] for k in positional], f"the arrays of {path}"), None
+    return _feeds(model, arrays, f"the arrays of {path}"), None
+
+
+def _read_test_data(folder: Path, model: onnx.ModelProto) -> tuple[dict, list | None]:
+    if not list(folder.glob("input_*.pb")):
+        data_sets = sorted(folder.glob("test_data_set_*"))
+        if not data_sets:
+            raise TorchscanValueError(
+                f"{folder}: has no input_*.pb files and no test_data_set_* folder"
+            )
+        folder = data_sets[0]
+    inputs = _read_protos(folder, "input", graph_inputs(model))
+    outputs = _read_protos(folder, "output", list(model.graph.output))
+    return _feeds(model, inputs, f"the files of {folder}"), outputs or None
+
+
+def _read_protos(folder: Path, prefix: str, infos: Sequence[onnx.ValueInfoProto]) -> list[Any]:
+    files = sorted(folder.glob(f"{prefix}_*.pb"), key=lambda p: _index(p, prefix))
+    if files and len(files) != len(infos):
+        raise TorchscanValueError(
+            f"{folder}: has {len(files)} {prefix}_*.pb files, but the model has {len(infos)} "
+            f"{prefix}s"
+        )
+    return [_read_proto(file, info.type) for file, info in zip(files, infos, strict=False)]
+
+
+def _index(path: Path, prefix: str) -> int:
+    match = re.fullmatch(rf"{prefix}_(\d+)\.pb", path.name)
+    return int(match.group(1)) if match else -1
+
+
+def _read_proto(file: Path, type_proto: onnx.TypeProto) -> Any:
+    """One ``.pb`` file, read as the proto its value's type calls for (as ONNX's backend tests
+    write them: TensorProto, SequenceProto or OptionalProto)."""
+    kind = type_proto.WhichOneof("value")
+    readers = {
+        "tensor_type": (onnx.TensorProto, onnx.numpy_helper.to_array),
+        "sequence_type": (onnx.SequenceProto, onnx.numpy_helper.to_list),
+        "optional_type": (onnx.OptionalProto, onnx.numpy_helper.to_optional),
+    }
+    if kind not in readers:
+        raise TorchscanValueError(f"{file}: cannot read a value of type {kind} from it")
+    proto_type, to_value = readers[kind]
+    try:
+        return to_value(proto_type.FromString(file.read_bytes()))
+    except (DecodeError, ValueError, TypeError) as error:
+        raise TorchscanValueError(f"{file}: is not a {proto_type.__name__} ({error})") from None
+
+
+# --- torch tensors ----------------------------------------------------------------------------
+
+
+def _feeds_from_args(model: onnx.ModelProto, args: Sequence[Any]) -> dict[str, Any]:
+    import torch
+
+    from torchscan import _pytree
+
+    tensors = [leaf for leaf in _pytree.tree_leaves(list(args)) if isinstance(leaf, torch.Tensor)]
+    names = [i.name for i in graph_inputs(model)]
+    if len(tensors) != len(names):
+        raise TorchscanValueError(
+            f"args hold {len(tensors)} tensors, but the model has {len(names)} inputs "
+            f"({', '.join(names) or 'none'}); give the model's inputs with inputs"
+        )
+    feeds = {n: _torch_to_numpy(t) for n, t in zip(names, tensors, strict=True)}
+    _check_fit(model, feeds, "the tensors of args")
+    return feeds
+
+
+@functools.cache
+def _ml_dtypes_of_torch() -> dict[Any, tuple[Any, Any]]:
+    """torch dtypes numpy has no type for -> (same-width torch int type, ml_dtypes type)."""
+    import ml_dtypes
+    import torch
+
+    pairs = {
+        "bfloat16": ("uint16", "bfloat16"),
+        "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+        "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
+        "float8_e5m2": ("uint8", "float8_e5m2"),
+        "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"),
+        "float8_e8m0fnu": ("uint8", "float8_e8m0fnu"),
+    }
+    return {
+        getattr(torch, t): (getattr(torch, bits), getattr(ml_dtypes, m))
+        for t, (bits, m) in pairs.items()
+        if hasattr(torch, t) and hasattr(ml_dtypes, m)
+    }
+
+
+def _torch_to_numpy(tensor: Any) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    exotic = _ml_dtypes_of_torch().get(tensor.dtype)
+    if exotic is None:
+        return tensor.numpy()
+    bits, ml_dtype = exotic
+    return tensor.view(bits).numpy().view(ml_dtype)

@@ -1,0 +1,159 @@
+"""The plan of one Theano scan and its ways to run: the step that calls ``fn`` on the slices of the
+sequences, the past values of the outputs fed back and the ``non_sequences`` (through the
+``strict`` check if asked), and advances the carried state; run as one :func:`torchscan.scan`,
+as a :func:`torchscan.loop` with no sequence, as a loop that gathers the elements each step reads
+while a model with a tensor ``n_steps`` is exported, or with truncated backpropagation through
+time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torchscan._loop import loop as _loop
+from torchscan._scan import scan_in_order as _scan_in_order
+from torchscan._steps import Until
+from torchscan.theano._args import _Output, _Sequence
+from torchscan.theano._step import _split_result
+from torchscan.theano._strict import _Known, _passed_tensors, _strict_call
+from torchscan.theano._truncate import _detach, _gate, _Window
+
+
+@dataclasses.dataclass
+class _Plan:
+    fn: Callable
+    sequences: list[_Sequence]
+    outputs: list[_Output]
+    non_sequences: list[Any]
+    strict: bool
+    last_stop: Until | None = None
+
+    def __post_init__(self) -> None:
+        self.n_outputs = len(self.outputs) or None
+        self.fed_back = [out for out in self.outputs if out.taps]
+        self.passed = _Known(_passed_tensors(self.non_sequences)) if self.strict else None
+
+    def initial_states(self) -> tuple[Any, ...]:
+        return tuple(out.initial_state() for out in self.fed_back)
+
+    def sliced(self, n_steps: Any, backwards: bool) -> tuple[torch.Tensor, ...]:
+        return tuple(s for seq in self.sequences for s in seq.slices(n_steps, backwards))
+
+    def call(self, states: tuple[Any, ...], x: Sequence[torch.Tensor]) -> tuple[list, Until | None]:
+        past = [
+            v for out, state in zip(self.fed_back, states, strict=True) for v in out.past(state)
+        ]
+        args = [*x, *past, *self.non_sequences]
+        result = _strict_call(self.fn, args, self.passed) if self.strict else self.fn(*args)
+        return _split_result(result, self.n_outputs)
+
+    def next_states(self, states: tuple[Any, ...], values: list[torch.Tensor]) -> tuple[Any, ...]:
+        if not self.outputs:  # no outputs_info: nothing is fed back
+            return ()
+        return tuple(
+            out.advance(state, value)
+            for out, state, value in zip(
+                self.fed_back,
+                states,
+                [v for o, v in zip(self.outputs, values, strict=True) if o.taps],
+                strict=True,
+            )
+        )
+
+    def step(self, states: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
+        values, stop = self.call(states, x or ())
+        self.last_stop = stop
+        new = (self.next_states(states, values), tuple(values))
+        return (*new, stop) if stop is not None else new
+
+    def run(self, states: tuple, xs: tuple, backwards: bool) -> list[torch.Tensor]:
+        _, ys = _scan_in_order(
+            self.step, states, xs, length=None, axis=0, reverse=backwards, realign=False
+        )
+        return list(ys)
+
+    def run_as_loop(self, n_steps: Any) -> list[torch.Tensor]:
+        """No sequence: a loop of ``n_steps`` iterations (an int or a tensor, exported as the
+        ``Loop``'s trip count)."""
+        if isinstance(n_steps, torch.Tensor):
+            n_steps = n_steps.abs()
+
+        def body(i, states):
+            return self.step(states, ())
+
+        _, ys = _loop(body, self.initial_states(), trip_count=n_steps)
+        return list(ys)
+
+    def run_indexed(self, n_steps: torch.Tensor, go_backwards: bool) -> list[torch.Tensor]:
+        """Sequences and ``n_steps`` a tensor of the exported graph: a loop of ``abs(n_steps)``
+        iterations whose iteration ``i`` gathers element ``i`` of each tap's sequence, cut as in
+        :meth:`_Sequence.slices` and reversed when going backwards (the sign of ``n_steps``
+        flips ``go_backwards``). Past a sequence's available positions the index is out of
+        range: the runtime fails there rather than read the wrong elements.
+
+        Only operators that every opset has on int64 (``Abs``, ``Equal``, ``Not``, ``Cast``,
+        ``Gather``) choose the direction: comparisons of integers and ``Where`` come later."""
+        negative = n_steps.abs() != n_steps
+        flag = (negative.logical_not() if go_backwards else negative).to(torch.int64).reshape(1)
+        reads = []
+        for seq in self.sequences:
+            for cut in seq.slices(seq.steps_available(), False):
+                both = torch.stack([cut, cut.flip(0)])
+                reads.append(both.index_select(0, flag).squeeze(0))
+
+        def body(i, states):
+            x = [read.index_select(0, i.reshape(1)).squeeze(0) for read in reads]
+            return self.step(states, x)
+
+        _, ys = _loop(body, self.initial_states(), trip_count=n_steps.abs())
+        return list(ys)
+
+    def run_truncated(self, n_steps: int, backwards: bool, k: int) -> list[torch.Tensor]:
+        """Truncated backpropagation through time over the last ``k`` (``< n_steps``) steps that
+        run, in the order they run.
+
+        Step 0 runs alone first, to learn whether ``fn`` returns ``until``. Without it the
+        window is known: the steps before it run without autograd, and the window starts from
+        their state detached. With it, the other steps run with autograd, each behind gates
+        (:class:`_Gate`) that are told the window once the scan has stopped: the state the
+        window's first step reads, and the outputs of earlier steps, pass no gradient."""
+        xs = self.sliced(n_steps, backwards)
+        xs = [x.flip(0) for x in xs] if backwards else list(xs)
+        window = _Window()
+        counter = itertools.count()
+
+        def gated(states, x):
+            s = next(counter)
+            out = self.step(_gate(window, s, True, states), x)
+            return (out[0], _gate(window, s, False, out[1]), *out[2:])
+
+        def piece(states, start, stop, step=self.step, before=()):
+            """Steps ``start`` to ``stop``, their outputs after those ``before``."""
+            part = tuple(x[start:stop] for x in xs) or None  # None: no sequence
+            carry, ys = _scan_in_order(
+                step, states, part, length=stop - start, axis=0, reverse=False, realign=False
+            )
+            if before:
+                ys = [torch.cat([a, b]) for a, b in zip(before, ys, strict=True)]
+            return carry, list(ys)
+
+        states, ys = piece(self.initial_states(), 0, 1, gated)
+        if self.last_stop is None:
+            cut = n_steps - k  # >= 1: step 0 is before the window
+            states = tuple(_detach(s) for s in states)
+            ys = [y.detach() for y in ys]
+            if cut > 1:
+                with torch.no_grad():
+                    states, ys = piece(states, 1, cut, before=ys)
+            if k > 0:
+                _, ys = piece(states, cut, n_steps, before=ys)
+            return ys
+        if n_steps > 1 and not bool(self.last_stop.stop):
+            _, ys = piece(states, 1, n_steps, gated, before=ys)
+        window.start = max(next(counter) - k, 0)  # the counter has counted the steps that ran
+        return ys
