@@ -17,17 +17,26 @@ __all__ = ["ExportError", "TorchscanError", "TorchscanTypeError", "TorchscanValu
 class TorchscanError(Exception):
     """The base class of every error torchscan raises itself."""
 
+    # Tracebacks and reprs name the classes where users import them from.
+    __module__ = "torchscan"
+
 
 class TorchscanTypeError(TorchscanError, TypeError):
     """An argument, or a value the step function returned, of the wrong type, pytree structure,
     shape, dtype or device."""
+
+    __module__ = "torchscan"
 
 
 class TorchscanValueError(TorchscanError, ValueError):
     """An argument of the right type with a wrong value (an axis out of range, a negative
     length), or a model the check tool cannot run as given."""
 
+    __module__ = "torchscan"
+
 
 class ExportError(TorchscanError, NotImplementedError):
     """A loop that runs eagerly but cannot be exported as asked; the message says why and what
     to do instead."""
+
+    __module__ = "torchscan"

@@ -63,6 +63,8 @@ class OpsetConversionError(ExportError):
     ``reason`` what is missing there.
     """
 
+    __module__ = "torchscan.onnx"
+
     def __init__(
         self, op: str, from_version: int, to_version: int, reason: str, node: str = ""
     ) -> None:
