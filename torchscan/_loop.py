@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from torchscan import _checks, _hops, _outputs, _steps, _torch_onnx_hook
+from torchscan import _checks, _outputs, _steps, _torch_onnx_hook, _traced
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._steps import Until
 
@@ -110,9 +110,11 @@ def loop(
     trip_count = _check_trip_count(trip_count)
     cond = _check_cond(cond)
     if torch.compiler.is_exporting() or _outputs.probing_shapes():
-        _torch_onnx_hook.install_if_exporting()
+        check_types = _torch_onnx_hook.install_if_exporting(_API)
         never_ends = _NEVER_ENDS if trip_count is None else ""
-        return _hops.traced_loop(body, carry_type, trip_count, cond, _PROTOCOL, never_ends)
+        return _traced.traced_loop(
+            body, carry_type, trip_count, cond, _PROTOCOL, never_ends, check_types
+        )
     trips = None if trip_count is None else max(int(trip_count), 0)
     if trips == 0 or (cond is not None and not bool(cond)):
         return init, _empty_ys(body, carry_type, trip_count)

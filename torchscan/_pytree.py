@@ -32,6 +32,15 @@ def leaf_names(tree: Any, root: str) -> list[str]:
     return [root + _slow.keystr(path) for path, _ in _slow.tree_flatten_with_path(tree)[0]]
 
 
+def named_tensors(tree: Any, root: str) -> list[tuple[str, Any]]:
+    """The tensor leaves of ``tree`` with their names as :func:`leaf_names` gives them."""
+    return [
+        (root + _slow.keystr(path), leaf)
+        for path, leaf in _slow.tree_flatten_with_path(tree)[0]
+        if hasattr(leaf, "dtype")
+    ]
+
+
 class _Star:
     def __repr__(self) -> str:
         return "*"

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from torchscan import _checks, _hops, _outputs, _pytree, _steps, _torch_onnx_hook
+from torchscan import _checks, _outputs, _pytree, _steps, _torch_onnx_hook, _traced
 
 Carry = TypeVar("Carry")
 X = Any
@@ -103,8 +103,10 @@ def scan_in_order(
     _checks.refuse_torchscript(_API)
     plan = _plan(init, xs, length, axis)
     if torch.compiler.is_exporting() or _outputs.probing_shapes():
-        _torch_onnx_hook.install_if_exporting()
-        return _hops.traced_scan(fn, plan, _PROTOCOL, axis, reverse, reverse and realign)
+        check_types = _torch_onnx_hook.install_if_exporting(_API)
+        return _traced.traced_scan(
+            fn, plan, _PROTOCOL, axis, reverse, reverse and realign, check_types
+        )
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
     steps = _slices(plan)

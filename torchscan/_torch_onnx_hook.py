@@ -9,10 +9,12 @@ reference to ``torch.onnx.export`` kept from before ``import torchscan`` gets th
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib.abc
 import importlib.machinery
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.onnx
@@ -29,6 +31,7 @@ def wrap_torch_onnx_export() -> None:
     @functools.wraps(original)
     def export(*args: Any, **kwargs: Any) -> Any:
         install_onnx_hooks()
+        target = _target_opset.set(kwargs.get("opset_version") or _DEFAULT_OPSET)
         try:
             return original(*args, **kwargs)
         except Exception as error:
@@ -38,6 +41,8 @@ def wrap_torch_onnx_export() -> None:
             # torch.onnx wraps what failed while tracing in its own error after trying other
             # strategies; torchscan's message already says what is wrong and what to do.
             raise cause.with_traceback(None) from None
+        finally:
+            _target_opset.reset(target)
 
     export.__torchscan_wrapped__ = True  # type: ignore[attr-defined]
     torch.onnx.export = export
@@ -74,11 +79,29 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install_if_exporting() -> None:
+_DEFAULT_OPSET = -1
+"""What the wrapper records when the call names no ``opset_version``: torch.onnx's default."""
+
+_target_opset: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "torchscan_target_opset", default=None
+)
+"""The ``opset_version`` of the ``torch.onnx.export`` call in progress through the wrapper."""
+
+
+def install_if_exporting(api: str) -> Callable[[str, Sequence[tuple[str, Any]]], None] | None:
     """Make sure the hooks are in place when a scan or loop is traced by ``torch.onnx.export``
-    (torch.onnx may have loaded its exporter in a way the import hook did not see)."""
-    if torch.onnx.is_in_onnx_export():
-        install_onnx_hooks()
+    (torch.onnx may have loaded its exporter in a way the import hook did not see), and return
+    the check of the element types of its leaves, in the words of ``api``, where the target
+    opset is known (the export was called through the wrapper); None elsewhere."""
+    if not torch.onnx.is_in_onnx_export():
+        return None
+    install_onnx_hooks()
+    opset = _target_opset.get()
+    if opset is None:
+        return None
+    from torchscan.onnx import _hooks
+
+    return functools.partial(_hooks.check_leaf_types, api, None if opset < 0 else opset)
 
 
 def install_onnx_hooks() -> None:

@@ -34,7 +34,7 @@ class Identity(torch.nn.Module):
 ARGS = (torch.randn(3, 2), torch.zeros(2))
 
 
-def export(model: torch.nn.Module, opset: int = 18, **kwargs):
+def export(model: torch.nn.Module, opset: int | None = 18, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.onnx.export(model, ARGS, opset_version=opset, verbose=False, **kwargs)
@@ -122,12 +122,11 @@ def test_in_place_writes_outside_the_carry_are_refused(model, what: str) -> None
     )
 
 
-def type_refusal(dtype: str, opset: int, version: int, first: int) -> str:
+def type_refusal(api: str, leaf: str, dtype: str, op: str, opset: int, version: int, first: int):
     return (
-        "torchscan: the Scan node 'node_torchscan_scan__1' has initial carried value 0, tensor "
-        f"'_to_copy', of element type {dtype}, which Scan-{version} (the version in force at "
-        f"opset {opset}) does not allow; the first opset that allows it is {first}. To export "
-        f"it, export with opset_version={first} or newer, or cast it to a type that opset "
+        f"{api}: {leaf} has dtype torch.{dtype}, which ONNX {op}-{version} (the version in force "
+        f"at opset {opset}) does not allow; the first opset that allows it is {first}. To export "
+        f"it, export with opset_version={first} or newer, or cast {leaf} to a type that opset "
         f"{opset} allows."
     )
 
@@ -145,8 +144,50 @@ def type_refusal(dtype: str, opset: int, version: int, first: int) -> str:
 def test_element_types_the_target_scan_refuses(dtype, opset: int, version: int, first: int):
     with pytest.raises(torchscan.ExportError) as info:
         export(Identity(dtype), opset)
-    name = str(dtype).removeprefix("torch.").replace("_", "")
-    assert str(info.value) == type_refusal(name, opset, version, first)
+    name = str(dtype).removeprefix("torch.")
+    assert str(info.value) == type_refusal(
+        "torchscan.scan", "carry", name, "Scan", opset, version, first
+    )
+
+
+class NestedLeaves(torch.nn.Module):
+    """Leaves of several types in dicts: the refusal names the first the Scan cannot take."""
+
+    def __init__(self, xs_type: torch.dtype, y_type: torch.dtype) -> None:
+        super().__init__()
+        self.xs_type, self.y_type = xs_type, y_type
+
+    def forward(self, xs, h):
+        def step(c, x):
+            h = c["h"] + x["a"] + x["b"].float()
+            return {"h": h}, {"out": (h, h.to(self.y_type))}
+
+        sequences = {"a": xs, "b": xs.to(self.xs_type)}
+        carry, ys = torchscan.scan(step, {"h": h}, sequences)
+        return carry["h"], ys["out"][1].float()
+
+
+@pytest.mark.parametrize(
+    ("xs_type", "y_type", "leaf"),
+    [
+        (torch.bfloat16, torch.float32, "xs['b']"),
+        (torch.float32, torch.bfloat16, "y['out'][1]"),
+    ],
+    ids=["sequence", "output"],
+)
+def test_type_refusals_name_the_leaf_by_its_path(xs_type, y_type, leaf: str) -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export(NestedLeaves(xs_type, y_type), 13)
+    assert str(info.value) == type_refusal("torchscan.scan", leaf, "bfloat16", "Scan", 13, 11, 16)
+
+
+def test_type_refusals_check_against_the_default_opset() -> None:
+    """An export that names no opset gets torch.onnx's, 18: float8 needs 19."""
+    with pytest.raises(torchscan.ExportError) as info:
+        export(Identity(torch.float8_e5m2), opset=None)
+    assert str(info.value) == type_refusal(
+        "torchscan.scan", "carry", "float8_e5m2", "Scan", 18, 16, 19
+    )
 
 
 @pytest.mark.parametrize(
@@ -238,12 +279,27 @@ class LoopIdentity(torch.nn.Module):
 def test_loop_element_types_are_checked_too() -> None:
     with pytest.raises(torchscan.ExportError) as info:
         export(LoopIdentity(torch.bfloat16), 13)
-    assert str(info.value) == (
-        "torchscan: the Loop node 'node_torchscan_loop__1' has initial carried value 0, tensor "
-        "'_to_copy', of element type bfloat16, which Loop-13 (the version in force at opset 13) "
-        "does not allow; the first opset that allows it is 16. To export it, export with "
-        "opset_version=16 or newer, or cast it to a type that opset 13 allows."
+    assert str(info.value) == type_refusal(
+        "torchscan.loop", "carry", "bfloat16", "Loop", 13, 13, 16
     )
+
+
+class StopsEarlyOnBfloat16(torch.nn.Module):
+    """A scan with until is a Loop that reads xs by index: only the carry and y are the Loop's."""
+
+    def forward(self, xs, h):
+        def step(c, x):
+            c = c + x.float()
+            return c, c.bfloat16(), torchscan.until(c.sum() > 100)
+
+        carry, ys = torchscan.scan(step, h, xs.bfloat16())
+        return carry, ys.float()
+
+
+def test_a_scan_that_stops_early_is_checked_as_a_loop() -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export(StopsEarlyOnBfloat16(), 13)
+    assert str(info.value) == type_refusal("torchscan.scan", "y", "bfloat16", "Loop", 13, 13, 16)
 
 
 class Bfloat16Sequence(torch.nn.Module):
@@ -261,12 +317,7 @@ def test_element_types_are_checked_on_the_scan_as_written(hoist: bool) -> None:
         pytest.raises(torchscan.ExportError) as info,
     ):
         export(Bfloat16Sequence(), 15)
-    assert str(info.value) == (
-        "torchscan: the Scan node 'node_torchscan_scan__1' has scanned sequence 0, tensor "
-        "'_to_copy', of element type bfloat16, which Scan-11 (the version in force at opset 15) "
-        "does not allow; the first opset that allows it is 16. To export it, export with "
-        "opset_version=16 or newer, or cast it to a type that opset 15 allows."
-    )
+    assert str(info.value) == type_refusal("torchscan.scan", "xs", "bfloat16", "Scan", 15, 11, 16)
 
 
 # -- conversion below opset 18 --------------------------------------------------------------------

@@ -9,7 +9,7 @@ import textwrap
 import torch
 
 import torchscan  # noqa: F401  (the import installs the wrapper)
-from torchscan import _hops
+from torchscan import _traced
 from torchscan.onnx import _hooks, _translate
 
 
@@ -38,7 +38,7 @@ def test_export_installs_the_translation_and_the_converter(exported) -> None:
     from torch.onnx._internal.exporter import _core, _registration
 
     registry = _registration.ONNXRegistry.from_torchlib()
-    (meta,) = registry.get_decomps(_hops.torchscan_scan)
+    (meta,) = registry.get_decomps(_traced.torchscan_scan)
     assert meta.onnx_function is _translate.scan_to_onnx
     assert registry.get_decomps(torch.ops.aten.add.Tensor)  # torch's own still answer
     assert isinstance(_core.onnxscript_apis, _hooks._ConvertingAPIs)

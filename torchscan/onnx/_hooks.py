@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import onnx_ir as ir
@@ -32,12 +33,12 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from torchscan import _compat, _hops
+    from torchscan import _compat, _traced
     from torchscan.onnx import _translate
 
     translations = {
-        _hops.torchscan_scan: _translate.scan_to_onnx,
-        _hops.torchscan_loop: _translate.loop_to_onnx,
+        _traced.torchscan_scan: _translate.scan_to_onnx,
+        _traced.torchscan_loop: _translate.loop_to_onnx,
     }
     registration, core = _compat.onnx_registration(), _compat.onnx_core()
     registration.ONNXRegistry.get_decomps = _with_translations(
@@ -134,28 +135,66 @@ class _ConvertingAPIs:
         return self._apis.optimize(model)
 
 
+def check_leaf_types(
+    api: str, opset: int | None, op: str, leaves: Sequence[tuple[str, Any]]
+) -> None:
+    """Refuse the first of ``leaves`` (``(name, tensor)``, named by their pytree paths) whose
+    element type the ``op`` (``"Scan"`` or ``"Loop"``) in force at ``opset`` (None: torch.onnx's
+    default) does not allow, in the words of ``api``: called while the loop is traced, where the
+    user's names are known."""
+    from onnx_ir.tensor_adapters import from_torch_dtype
+
+    opset = _opsets.TORCH_BUILD_OPSET if opset is None else opset
+    if not _opsets.MIN_OPSET <= opset <= _opsets.MAX_OPSET:
+        return  # torch.onnx or the conversion refuses the opset itself
+    versions, version = _versions(op, opset)
+    for name, tensor in leaves:
+        dtype = from_torch_dtype(tensor.dtype)
+        if dtype in version.element_types:
+            continue
+        allowed, remedy = _remedy(versions, dtype, opset, f"cast {name}")
+        raise ExportError(
+            f"{api}: {name} has dtype {tensor.dtype}, which ONNX {op}-{version.since} (the "
+            f"version in force at opset {opset}) does not allow; {allowed}. To export it, "
+            f"{remedy}."
+        )
+
+
+def _versions(op: str, opset: int) -> tuple[tuple[_opsets.OpVersion, ...], _opsets.OpVersion]:
+    if op == "Scan":
+        return _opsets.SCAN_VERSIONS, _opsets.scan_version(opset)
+    return _opsets.LOOP_VERSIONS, _opsets.loop_version(opset)
+
+
+def _remedy(
+    versions: tuple[_opsets.OpVersion, ...], dtype: ir.DataType, opset: int, cast: str
+) -> tuple[str, str]:
+    """What allows ``dtype`` and what the user can do: a newer opset where there is one, a
+    cast (``cast``, for instance ``cast carry['h']``) to a type ``opset`` allows."""
+    first = _opsets.first_opset_allowing(versions, dtype)
+    if first is None:
+        return (
+            f"no version of {versions[0].op} allows it",
+            f"{cast} to a type that opset {opset} allows",
+        )
+    return (
+        f"the first opset that allows it is {first}",
+        f"export with opset_version={first} or newer, or {cast} to a type that opset {opset} "
+        "allows",
+    )
+
+
 def check_loop_types(graph: ir.Graph, opset: int) -> None:
     """Refuse a Scan or Loop, at any depth, whose tensors have an element type that its version
     at ``opset`` does not allow, naming the first opset that does."""
     for node in ir.traversal.RecursiveGraphIterator(graph):
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("Scan", "Loop"):
             continue
-        is_scan = node.op_type == "Scan"
-        versions = _opsets.SCAN_VERSIONS if is_scan else _opsets.LOOP_VERSIONS
-        version = (_opsets.scan_version if is_scan else _opsets.loop_version)(opset)
+        versions, version = _versions(node.op_type, opset)
         for role, value in _roles(node):
             if value.type is None or value.dtype in version.element_types:
                 continue
-            first = _opsets.first_opset_allowing(versions, value.dtype)
-            if first:
-                allowed = f"the first opset that allows it is {first}"
-                remedy = (
-                    f"export with opset_version={first} or newer, or cast it to a type that "
-                    f"opset {opset} allows"
-                )
-            else:
-                allowed = f"no version of {node.op_type} allows it"
-                remedy = f"cast it to a type that opset {opset} allows"
+            allowed, remedy = _remedy(versions, value.dtype, opset, "cast it")
             raise ExportError(
                 f"torchscan: the {node.op_type} node {node.name!r} has {role}, tensor "
                 f"{value.name!r}, of element type {value.dtype.name.lower()}, which "

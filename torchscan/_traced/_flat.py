@@ -1,0 +1,227 @@
+"""From pytrees to the operators: ``traced_scan`` and ``traced_loop``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torchscan import _checks, _pytree, _steps
+from torchscan._compat import (
+    disable_proxy_modes_tracing,
+)
+from torchscan._errors import TorchscanValueError
+from torchscan._traced._body import as_traced_body
+from torchscan._traced._loop_op import torchscan_loop
+from torchscan._traced._scan_op import torchscan_scan
+
+TypeCheck = Callable[[str, Sequence[tuple[str, Any]]], None]
+"""``check(op, leaves)``: refuses the named tensors whose element type the ONNX operator ``op``
+does not allow at the opset being exported to."""
+
+
+# -- from pytrees to the operators -------------------------------------------------------------
+
+
+class _StopsEarly(Exception):
+    """Raised out of the trace of a scan's step that returns ``until``: a Scan cannot stop
+    early, so the scan is traced again as a loop."""
+
+
+class _FlatStep:
+    """A step function seen through flat tensors, as the operators call it.
+
+    Pytrees become flat lists of tensors, ``None`` leaves (which an operator's tensors cannot
+    hold) are dropped on the way in and put back on the way out, and ``until`` becomes a last
+    output. What the step returns (its ``y`` structure, whether it stops) is learned the first
+    time it runs.
+    """
+
+    def __init__(
+        self,
+        protocol: Any,
+        carry_type: _checks.CarryType,
+        never_ends: str = "",
+        check_types: TypeCheck | None = None,
+        sequences: Sequence[tuple[str, torch.Tensor]] = (),
+    ) -> None:
+        self.protocol, self.carry_type, self.never_ends = protocol, carry_type, never_ends
+        # While torch.onnx exports: the element types of the leaves, which the ONNX operator
+        # the call becomes must allow, checked where their names are known; ``sequences`` are
+        # the named leaves of xs, which only a Scan takes as inputs.
+        self.check_types, self.sequences = check_types, list(sequences)
+        self.present = [leaf is not None for leaf in carry_type.leaves]
+        self.carries = [leaf for leaf in carry_type.leaves if leaf is not None]
+        self.y_spec: Any = None
+        self.y_present: list[bool] = []
+        self.has_until = False
+        # Set while a scan is traced as a Scan before it is known whether fn stops early.
+        self.refuse_until = False
+
+    def carry(self, leaves: Sequence[Any]) -> Any:
+        return _pytree.tree_unflatten(_fill(self.present, leaves), self.carry_type.spec)
+
+    def flatten(self, out: Any) -> tuple[Any, ...]:
+        """The flat outputs of one step: new carries, ``y`` leaves, and the stop flag."""
+        self.has_until = self.protocol.has_until(out)
+        if self.has_until and self.refuse_until:
+            raise _StopsEarly
+        if self.never_ends and not self.has_until:
+            raise TorchscanValueError(self.never_ends)
+        self.carry_type.check(out[0], "")
+        y_leaves, self.y_spec = _pytree.tree_flatten(out[1])
+        _checks.check_tensor_leaves(self.protocol.api, "y", out[1], y_leaves)
+        self.y_present = [leaf is not None for leaf in y_leaves]
+        if self.check_types is not None:
+            as_scan = self.refuse_until
+            self.check_types(
+                "Scan" if as_scan else "Loop",
+                [
+                    *_pytree.named_tensors(out[0], "carry"),
+                    *(self.sequences if as_scan else ()),
+                    *_pytree.named_tensors(out[1], "y"),
+                ],
+            )
+        stop = [self.protocol.check_stop(out[2].stop, 0)] if self.has_until else []
+        return (
+            *[leaf for leaf in _pytree.tree_leaves(out[0]) if leaf is not None],
+            *[leaf for leaf in y_leaves if leaf is not None],
+            *stop,
+        )
+
+    def probe(self, step: Callable, *args: Any) -> None:
+        """Run ``step`` once on fake copies of ``args``, outside the trace, to learn what it
+        returns: whether it stops decides which operator it becomes."""
+        with disable_proxy_modes_tracing(), as_traced_body():
+            step(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+
+    def unflatten(self, out: Sequence[Any]) -> tuple[Any, Any]:
+        n = len(self.carries)
+        ys = _pytree.tree_unflatten(_fill(self.y_present, out[n:]), self.y_spec)
+        return self.carry(out[:n]), ys
+
+
+def traced_scan(
+    fn: Callable,
+    plan: _checks.ScanPlan,
+    protocol: _steps.Protocol,
+    axis: int,
+    reverse: bool,
+    reverse_ys: bool,
+    check_types: TypeCheck | None = None,
+) -> tuple[Any, Any]:
+    """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors, or, when
+    ``fn`` returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early).
+
+    ``plan`` is the checked description of the call, ``protocol`` reads and checks what ``fn``
+    returns in the words of the public function; ``reverse``
+    reverses the order of the steps and ``reverse_ys`` the order in which ``ys`` are stacked.
+    ``check_types``, given while torch.onnx exports, refuses leaves whose element type the ONNX
+    operator does not allow at the target opset, naming them by their paths.
+    """
+    xs_tree = _pytree.tree_unflatten(plan.xs_leaves, plan.xs_spec)
+    flat = _FlatStep(
+        protocol,
+        plan.carry_type,
+        check_types=check_types,
+        sequences=_pytree.named_tensors(xs_tree, "xs"),
+    )
+    x_present = [leaf is not None for leaf in plan.xs_leaves]
+    xs = [leaf for leaf in plan.xs_leaves if leaf is not None]
+    in_axes = [a for a, present in zip(plan.axes, x_present, strict=True) if present]
+
+    def x_of(slices: Sequence[Any]) -> Any:
+        return _pytree.tree_unflatten(_fill(x_present, slices), plan.xs_spec)
+
+    def step(*args):
+        n = len(flat.carries)
+        return flat.flatten(fn(flat.carry(args[:n]), x_of(args[n : n + len(xs)])))
+
+    # Whether fn stops early decides which operator the scan becomes, and only running fn tells.
+    # Tracing it as a Scan is what almost every scan needs, so that is tried first rather than
+    # running fn once more beforehand: a step that returns until interrupts the trace, before
+    # anything is recorded in the outer graph, and the scan is traced again as a loop.
+    scan_xs, scan_axes = (xs, in_axes) if xs else _empty_sequence(plan.length)
+    flat.refuse_until = True
+    try:
+        out = torchscan_scan(
+            lambda *args: step(*args[: len(flat.carries) + len(xs)]),
+            flat.carries,
+            scan_xs,
+            (),
+            scan_axes,
+            (reverse,) * len(scan_xs),
+            (axis,),
+            (reverse_ys,),
+        )
+    except _StopsEarly:
+        flat.refuse_until = False
+        return _scan_as_loop(fn, flat, xs, in_axes, x_of, plan.length, axis, reverse, reverse_ys)
+    finally:
+        flat.refuse_until = False
+    return flat.unflatten(out)
+
+
+def _empty_sequence(length: Any) -> tuple[list[torch.Tensor], list[int]]:
+    """A Scan needs a sequence to count its steps: an empty one, ``(length, 0)``, costs
+    nothing."""
+    return [torch.empty(length, 0)], [0]
+
+
+def _scan_as_loop(
+    fn, flat, xs, in_axes, x_of, length, axis, reverse, reverse_ys
+) -> tuple[Any, Any]:
+    """A scan that stops early, as a loop over the sequence positions it reads with ``i``."""
+
+    def step(i, *args):
+        t = length - 1 - i if reverse else i
+        slices = [
+            torch.index_select(x, a, t.reshape(1)).squeeze(a)
+            for x, a in zip(xs, in_axes, strict=True)
+        ]
+        return flat.flatten(fn(flat.carry(args), x_of(slices)))
+
+    out = torchscan_loop(step, length, None, flat.carries, (), True)
+    carry, ys = flat.unflatten(out)
+    # The loop stacks in the order the steps ran, on axis 0.
+    ys = _pytree.tree_map(
+        lambda y: None if y is None else (y.flip(0) if reverse_ys else y).movedim(0, axis % y.ndim),
+        ys,
+    )
+    return carry, ys
+
+
+def _fill(present: Sequence[bool], values: Sequence[Any]) -> list[Any]:
+    """Put ``values`` where ``present`` is true and ``None`` elsewhere."""
+    it = iter(values)
+    return [next(it) if p else None for p in present]
+
+
+def traced_loop(
+    body: Callable,
+    carry_type: _checks.CarryType,
+    trip_count: Any,
+    cond: Any,
+    protocol: _steps.Protocol,
+    never_ends: str,
+    check_types: TypeCheck | None = None,
+) -> tuple[Any, Any]:
+    """``loop`` under ``torch.export``: one ``torchscan_loop`` call on the flat tensors.
+
+    ``protocol`` reads and checks what ``body`` returns; ``never_ends`` is the message for a body
+    that returns no ``until`` where nothing else ends the loop (empty where something does);
+    ``check_types`` as for :func:`traced_scan`."""
+    flat = _FlatStep(protocol, carry_type, never_ends, check_types)
+
+    def step(i, *args):
+        return flat.flatten(body(i, flat.carry(args)))
+
+    reference = next(iter(flat.carries), None)
+    with disable_proxy_modes_tracing():
+        i = torch.zeros((), dtype=torch.int64, device=getattr(reference, "device", None))
+    flat.probe(step, i, *flat.carries)
+    if isinstance(cond, bool):
+        cond = torch.tensor(cond)
+    out = torchscan_loop(step, trip_count, cond, flat.carries, (), flat.has_until)
+    return flat.unflatten(out)
