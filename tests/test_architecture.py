@@ -65,8 +65,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 
 EXPORT = """
-import sys, warnings
-warnings.simplefilter("ignore")
+import sys
 import torch, torchscan
 
 class Model(torch.nn.Module):

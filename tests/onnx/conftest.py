@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-import warnings
-
 import onnx
 import pytest
 import torch
 
+from .._export import onnx_export
 from ._loop_models import CASES as LOOP_CASES
 from ._models import CASES as SCAN_CASES
 from ._theano_models import CASES as THEANO_CASES
@@ -18,8 +16,6 @@ CASES = {
     **{f"loop:{name}": case for name, case in LOOP_CASES.items()},
     **{f"theano:{name}": case for name, case in THEANO_CASES.items()},
 }
-
-logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
 _models: dict[str, torch.nn.Module] = {}
 _exports: dict[tuple[str, int], onnx.ModelProto | Exception] = {}
@@ -38,16 +34,13 @@ def export(name: str, opset: int) -> onnx.ModelProto:
     if key not in _exports:
         case = CASES[name]
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                program = torch.onnx.export(
-                    model_of(name),
-                    case.inputs(case.export_length),
-                    dynamo=True,
-                    opset_version=opset,
-                    dynamic_shapes=case.dynamic_shapes(),
-                    verbose=False,
-                )
+            program = onnx_export(
+                model_of(name),
+                case.inputs(case.export_length),
+                dynamo=True,
+                opset_version=opset,
+                dynamic_shapes=case.dynamic_shapes(),
+            )
             _exports[key] = program.model_proto
         except Exception as error:  # re-raised in every test that needs this export
             _exports[key] = error

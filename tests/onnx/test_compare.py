@@ -6,7 +6,6 @@ import functools
 import json
 import logging
 import math
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +20,8 @@ from torch._higher_order_ops.scan import scan as hop_scan
 import torchscan
 import torchscan.onnx
 from torchscan.onnx._check import _diff, _inputs, _random
+
+from .._export import onnx_export
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
@@ -65,8 +66,7 @@ def backend_cases() -> dict:
     """onnx's node test cases (models, inputs, outputs; nothing downloaded), by name."""
     from onnx.backend.test.case.node import collect_testcases
 
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")  # the generators of other cases overflow on purpose
+    with np.errstate(all="ignore"):  # the generators of other cases overflow on purpose
         return {case.name: case for case in collect_testcases(None) if case.model is not None}
 
 
@@ -180,12 +180,8 @@ class ScanGRU(torch.nn.Module):
 
 
 def _export(module: torch.nn.Module, args: tuple, time_axis: int) -> onnx.ModelProto:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        time = torch.export.Dim("T", min=1)
-        program = torch.onnx.export(
-            module, args, dynamo=True, dynamic_shapes=({time_axis: time}, None), verbose=False
-        )
+    time = torch.export.Dim("T", min=1)
+    program = onnx_export(module, args, dynamo=True, dynamic_shapes=({time_axis: time}, None))
     return program.model_proto
 
 

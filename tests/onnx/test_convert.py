@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -25,6 +24,8 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 from torchscan.onnx._convert import OpsetConversionError, convert_model
+
+from .._export import onnx_export
 
 TARGETS = list(range(8, 18))
 F32, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
@@ -269,16 +270,9 @@ def exported(name: str) -> onnx.ModelProto:
     """``torch.onnx.export`` of case ``name`` at opset 18, once per session."""
     case = TORCH_CASES[name]
     torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            case.make().eval(),
-            case.inputs,
-            dynamo=True,
-            opset_version=18,
-            dynamic_shapes=case.dynamic_shapes,
-            verbose=False,
-        )
+    program = onnx_export(
+        case.make(), case.inputs, dynamo=True, opset_version=18, dynamic_shapes=case.dynamic_shapes
+    )
     return program.model_proto
 
 

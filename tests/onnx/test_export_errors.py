@@ -17,6 +17,8 @@ import torchscan.onnx
 from torchscan.onnx._convert import OpsetConversionError
 from torchscan.onnx._hooks import check_loop_types
 
+from .._export import onnx_export
+
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
 
@@ -35,9 +37,7 @@ ARGS = (torch.randn(3, 2), torch.zeros(2))
 
 
 def export(model: torch.nn.Module, opset: int | None = 18, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.onnx.export(model, ARGS, opset_version=opset, verbose=False, **kwargs)
+    return onnx_export(model, ARGS, opset_version=opset, **kwargs)
 
 
 TORCHSCRIPT = (
@@ -48,6 +48,9 @@ TORCHSCRIPT = (
 )
 
 
+# torch.onnx's own deprecations of the TorchScript-based exporter and of what it calls
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The feature will be removed. Please remove:DeprecationWarning")
 def test_torchscript_exporter_is_refused() -> None:
     with pytest.raises(torchscan.ExportError) as info:
         export(Identity(), dynamo=False, f=io.BytesIO())

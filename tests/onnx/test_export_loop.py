@@ -7,14 +7,13 @@ inputs that run different numbers of iterations.
 
 from __future__ import annotations
 
-import warnings
-
 import onnx
 import pytest
 import torch
 
 import torchscan
 
+from .._export import onnx_export
 from ._loop_models import CASES
 from ._roundtrip import OPSETS, check_onnxruntime, check_reference, check_structure
 from ._runtimes import nodes
@@ -60,11 +59,7 @@ class Repeat(torch.nn.Module):
 def test_graph_does_not_grow_with_the_trip_count(opset: int) -> None:
     sizes, counts = [], []
     for trips in (2, 40):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            proto = torch.onnx.export(
-                Repeat(trips).eval(), (torch.zeros(1, 3),), opset_version=opset, verbose=False
-            ).model_proto
+        proto = onnx_export(Repeat(trips), (torch.zeros(1, 3),), opset_version=opset).model_proto
         counts.append(sum(1 for _ in nodes(proto.graph)))
         sizes.append(proto.ByteSize())
     assert counts[0] == counts[1]

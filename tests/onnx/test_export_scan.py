@@ -7,14 +7,13 @@ sequence lengths other than the one it was exported with.
 
 from __future__ import annotations
 
-import warnings
-
 import onnx
 import pytest
 import torch
 
 import torchscan
 
+from .._export import onnx_export
 from ._models import CASES
 from ._roundtrip import OPSETS, check_onnxruntime, check_reference, check_structure
 from ._runtimes import nodes
@@ -62,14 +61,8 @@ def test_graph_does_not_grow_with_the_sequence_length(opset: int) -> None:
     model = StaticElman().eval()
     sizes, counts = [], []
     for length in (2, 40):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            proto = torch.onnx.export(
-                model,
-                (torch.randn(length, 2, 3), torch.zeros(2, 4)),
-                opset_version=opset,
-                verbose=False,
-            ).model_proto
+        args = (torch.randn(length, 2, 3), torch.zeros(2, 4))
+        proto = onnx_export(model, args, opset_version=opset).model_proto
         counts.append(sum(1 for _ in nodes(proto.graph)))
         sizes.append(proto.ByteSize())
     assert counts[0] == counts[1]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -14,15 +12,13 @@ import torch
 import torchscan
 import torchscan.onnx
 
+from .._export import onnx_export
 from ._runtimes import nodes, run_onnxruntime, run_reference
 
 
 def export(model: torch.nn.Module, args, dynamic_shapes=None, hoist: bool = True):
-    with warnings.catch_warnings(), torchscan.onnx.export_options(hoist_loop_invariants=hoist):
-        warnings.simplefilter("ignore")
-        return torch.onnx.export(
-            model.eval(), args, dynamic_shapes=dynamic_shapes, verbose=False
-        ).model_proto
+    with torchscan.onnx.export_options(hoist_loop_invariants=hoist):
+        return onnx_export(model, args, dynamic_shapes=dynamic_shapes).model_proto
 
 
 def body_of(model: onnx.ModelProto, op: str = "Scan") -> onnx.GraphProto:
@@ -265,14 +261,11 @@ def test_bfloat16_inside_a_body_exports_below_opset_16(opset: int) -> None:
     shapes = ({0: torch.export.Dim("T", min=1)}, None)
     models = []
     for hoist in (True, False):
-        with warnings.catch_warnings(), torchscan.onnx.export_options(hoist_loop_invariants=hoist):
-            warnings.simplefilter("ignore")
-            models.append(
-                torch.onnx.export(
-                    BodyOnlyBfloat16(), args, opset_version=opset, dynamic_shapes=shapes,
-                    verbose=False,
-                ).model_proto
-            )  # fmt: skip
+        with torchscan.onnx.export_options(hoist_loop_invariants=hoist):
+            program = onnx_export(
+                BodyOnlyBfloat16(), args, opset_version=opset, dynamic_shapes=shapes
+            )
+        models.append(program.model_proto)
     for model in models:
         onnx.checker.check_model(model, full_check=True)
         assert next(o.version for o in model.opset_import if o.domain == "") == opset

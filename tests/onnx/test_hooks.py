@@ -50,8 +50,7 @@ def test_export_installs_the_translation_and_the_converter(exported) -> None:
 def test_export_kept_from_before_the_import_still_gets_a_scan() -> None:
     out = run_python(
         """
-        import logging, warnings
-        warnings.simplefilter("ignore")
+        import logging
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         import torch
         from torch.onnx import export  # the original function, kept before torchscan exists
@@ -73,8 +72,7 @@ def test_export_kept_from_before_the_import_converts_a_model_without_a_scan() ->
     opset, also through a reference kept from before the import and before any scan."""
     out = run_python(
         """
-        import logging, warnings
-        warnings.simplefilter("ignore")
+        import logging
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         import torch
         from torch.onnx import export
