@@ -93,7 +93,11 @@ def test_private_module_strings_are_listed() -> None:
     """A private module named in a string (imported with importlib, a logger name) is one of the
     modules that PRIVATE_API lists."""
     listed = {symbol.module for symbol in _compat.PRIVATE_API}
-    for name in (_compat.ONNX_EXPORTER_MODULE, _compat.ONNX_OPSET_WARNING[0]):
+    for name in (
+        _compat.ONNX_EXPORTER_MODULE,
+        _compat.ONNX_OPSET_WARNING[0],
+        _compat.ONNX_SIGNATURE_WARNING[0],
+    ):
         assert name in listed
         importlib.import_module(name)
     assert {m.__name__ for m in (_compat.onnx_core(), _compat.onnx_registration())} <= listed

@@ -44,6 +44,7 @@ from torch.fx.experimental.proxy_tensor import (
 __all__ = [
     "ONNX_EXPORTER_MODULE",
     "ONNX_OPSET_WARNING",
+    "ONNX_SIGNATURE_WARNING",
     "PRIVATE_API",
     "DispatchKey",
     "FakeTensorMode",
@@ -80,6 +81,14 @@ ONNX_OPSET_WARNING = (
 )
 """The logger and the start of torch.onnx's warning that a model asked below opset 18 may stay at
 opset 18, which torchscan's conversion makes untrue."""
+
+ONNX_SIGNATURE_WARNING = (
+    "torch.onnx._internal.exporter._registration",
+    "Failed to infer the signature for function",
+)
+"""The logger and the start of torch.onnx's warning, for a translation in
+``custom_translation_table``, that it takes no ONNX signature and gets every node of its operator:
+what a translation of a higher-order operator is meant to do."""
 
 
 def non_strict_torch_function_handler() -> type:
@@ -302,6 +311,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "logger",
         "silence the warning that a model below opset 18 may stay at 18",
         source_text=ONNX_OPSET_WARNING[1],
+    ),
+    PrivateSymbol(
+        ONNX_SIGNATURE_WARNING[0],
+        "logger",
+        "silence the warning that torchscan's translations take no ONNX signature",
+        source_text=ONNX_SIGNATURE_WARNING[1],
     ),
 )
 """Every private symbol of torch that torchscan uses, with what it relies on."""

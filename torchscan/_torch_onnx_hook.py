@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch.onnx
@@ -30,7 +31,11 @@ def wrap_torch_onnx_export() -> None:
 
     @functools.wraps(original)
     def export(*args: Any, **kwargs: Any) -> Any:
-        install_onnx_hooks()
+        hooks = install_onnx_hooks()
+        if kwargs.get("dynamo", True) is not False:
+            # torch.onnx's public way in; the user's own entries win
+            user_table = kwargs.get("custom_translation_table") or {}
+            kwargs["custom_translation_table"] = {**hooks.translations(), **user_table}
         target = _target_opset.set(kwargs.get("opset_version") or _DEFAULT_OPSET)
         try:
             return original(*args, **kwargs)
@@ -104,10 +109,12 @@ def install_if_exporting(api: str) -> Callable[[str, Sequence[tuple[str, Any]]],
     return functools.partial(_hooks.check_leaf_types, api, None if opset < 0 else opset)
 
 
-def install_onnx_hooks() -> None:
+def install_onnx_hooks() -> ModuleType:
+    """Install torchscan's hooks in torch.onnx; return the module that holds them."""
     from torchscan.onnx import _hooks
 
     _hooks.install()
+    return _hooks
 
 
 def _torchscan_cause(error: BaseException) -> BaseException | None:

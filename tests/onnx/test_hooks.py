@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
 
 import torch
 
-import torchscan  # noqa: F401  (the import installs the wrapper)
+import torchscan
 from torchscan import _traced
 from torchscan.onnx import _hooks, _translate
+
+from .._export import onnx_export
+from ._runtimes import nodes
 
 
 def run_python(code: str) -> str:
@@ -107,3 +111,45 @@ def test_wrapper_keeps_the_signature_of_torch_onnx_export() -> None:
 
     assert "dynamo" in inspect.signature(torch.onnx.export).parameters
     assert torch.onnx.export.__doc__.startswith("Exports a model into ONNX format.")
+
+
+class Doubles(torch.nn.Module):
+    def forward(self, xs, h):
+        return torchscan.scan(lambda c, x: (c + torch.sin(x), c), h, xs)
+
+
+ARGS = (torch.ones(3, 2), torch.zeros(2))
+
+
+def test_the_wrapper_passes_the_translations_in_custom_translation_table(monkeypatch) -> None:
+    """With the private lookup undone, an export through the wrapper still finds them."""
+    from torch.onnx._internal.exporter import _registration
+
+    _hooks.install()
+    lookup = _registration.ONNXRegistry.get_decomps
+    monkeypatch.setattr(_registration.ONNXRegistry, "get_decomps", lookup.__wrapped__)
+    model = onnx_export(Doubles(), ARGS, opset_version=18).model_proto
+    assert [n.op_type for n in model.graph.node] == ["Sin", "Scan"]  # sin(x) hoisted
+
+
+def test_the_users_translation_table_is_kept() -> None:
+    from onnxscript import opset18 as op
+
+    def cos(x):
+        return op.Cos(x)
+
+    table = {torch.ops.aten.sin.default: cos}
+    model = onnx_export(Doubles(), ARGS, opset_version=18, custom_translation_table=table)
+    op_types = {node.op_type for node, _ in nodes(model.model_proto.graph)}
+    assert "Cos" in op_types
+    assert "Sin" not in op_types
+    assert table == {torch.ops.aten.sin.default: cos}  # the user's dict is not changed
+
+
+def test_torch_onnx_logs_nothing_about_the_translations(caplog) -> None:
+    """torch.onnx warns that a custom translation without an ONNX signature gets every node of
+    its operator; for torchscan's that is the point, and the warning is dropped."""
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torch.onnx").setLevel(logging.WARNING)
+        torch.onnx.export(Doubles().eval(), ARGS, opset_version=18, verbose=False)
+    assert not [r for r in caplog.records if "signature" in r.getMessage()]

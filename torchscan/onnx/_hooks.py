@@ -1,16 +1,21 @@
 """How torchscan plugs into ``torch.onnx.export(..., dynamo=True)``, with no argument from the user.
 
-Two private extension points of torch.onnx are used (imported from ``torchscan._compat``, and
-held by tests there and in ``tests/onnx/test_hooks.py``):
+An export through ``torch.onnx.export`` as torchscan wraps it passes torchscan's translations in
+torch.onnx's public ``custom_translation_table`` (:func:`translations`, merged with the user's
+own table, whose entries win). Two private extension points of torch.onnx are used besides
+(imported from ``torchscan._compat``, and held by tests there and in
+``tests/onnx/test_hooks.py``):
 
-* the lookup of translations, ``ONNXRegistry.get_decomps``: torchscan answers it for its own
-  operators, also in registries that torch.onnx built before the hooks were installed (the
-  export call builds its registry before it traces the model);
-* the version conversion and the optimization it runs once the model is built
-  (``onnxscript_apis.convert_version`` and ``optimize``, read by ``_core`` and
+* the lookup of translations, ``ONNXRegistry.get_decomps``, answers for torchscan's operators
+  where the registry has no translation of them: an export through a reference to
+  ``torch.onnx.export`` kept from before ``import torchscan``, which the wrapper never sees;
+* the version conversion and the optimization torch.onnx runs inside the export, once the model is
+  built (``onnxscript_apis.convert_version`` and ``optimize``, read by ``_core`` and
   ``_onnx_program``): torchscan checks every Scan and Loop against the rules of the opset asked
-  for, moves loop-invariant work out of their bodies, and converts models below opset 18
-  itself, Scan and Loop bodies included, where torch.onnx would keep opset 18.
+  for, moves loop-invariant work out of their bodies before the optimizer runs, and converts
+  models below opset 18 itself, Scan and Loop bodies included, where torch.onnx would keep
+  opset 18. A pass over the finished ``ONNXProgram.model`` would come after the optimizer, and
+  after torch.onnx has written the file the user asked for.
 """
 
 from __future__ import annotations
@@ -28,27 +33,48 @@ from torchscan.onnx import _hoist, _opsets, _options
 _installed = False
 
 
-def install() -> None:
-    """Register the translations and the conversion hook in torch.onnx (once per process)."""
-    global _installed
-    if _installed:
-        return
-    from torchscan import _compat, _traced
+def translations() -> dict[Any, Any]:
+    """torchscan's operators and their ONNX translations, as ``custom_translation_table`` takes
+    them."""
+    from torchscan import _traced
     from torchscan.onnx import _translate
 
-    translations = {
+    return {
         _traced.torchscan_scan: _translate.scan_to_onnx,
         _traced.torchscan_loop: _translate.loop_to_onnx,
     }
+
+
+def install() -> None:
+    """Install the fallback lookup of translations and the conversion hook in torch.onnx (once
+    per process)."""
+    global _installed
+    if _installed:
+        return
+    from torchscan import _compat
+
     registration, core = _compat.onnx_registration(), _compat.onnx_core()
     registration.ONNXRegistry.get_decomps = _with_translations(
-        registration.ONNXRegistry.get_decomps, translations, registration.OnnxDecompMeta
+        registration.ONNXRegistry.get_decomps, translations(), registration.OnnxDecompMeta
     )
     core.onnxscript_apis = _compat.onnx_program().onnxscript_apis = _ConvertingAPIs(
         core.onnxscript_apis
     )
     logging.getLogger(_compat.ONNX_OPSET_WARNING[0]).addFilter(_drop_stale_warning)
+    logging.getLogger(_compat.ONNX_SIGNATURE_WARNING[0]).addFilter(_drop_signature_warning)
     _installed = True
+
+
+def _drop_signature_warning(record: logging.LogRecord) -> bool:
+    """torch.onnx warns that a translation in ``custom_translation_table`` whose ONNX signature it
+    cannot infer gets every node of its operator: what torchscan's translations are for."""
+    from torchscan import _compat
+
+    ours = set(translations().values())
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (
+        str(record.msg).startswith(_compat.ONNX_SIGNATURE_WARNING[1]) and args and args[0] in ours
+    )
 
 
 def _drop_stale_warning(record: logging.LogRecord) -> bool:
@@ -59,8 +85,9 @@ def _drop_stale_warning(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith(_compat.ONNX_OPSET_WARNING[1])
 
 
-def _with_translations(get_decomps: Any, translations: dict, meta: type) -> Any:
-    """``ONNXRegistry.get_decomps`` that knows ``translations`` (operator -> function)."""
+def _with_translations(get_decomps: Any, table: dict, meta: type) -> Any:
+    """``ONNXRegistry.get_decomps`` that falls back on ``table`` (operator -> translation) for an
+    operator the registry has no custom translation of."""
     metas = {
         op: [
             meta(
@@ -71,15 +98,15 @@ def _with_translations(get_decomps: Any, translations: dict, meta: type) -> Any:
                 skip_signature_inference=True,
             )
         ]
-        for op, function in translations.items()
+        for op, function in table.items()
     }
 
     @functools.wraps(get_decomps)
     def lookup(registry: Any, target: Any) -> Any:
-        for op, found in metas.items():
-            if target is op:
-                return found
-        return get_decomps(registry, target)
+        found = get_decomps(registry, target)
+        if any(meta.is_custom for meta in found):  # custom_translation_table's
+            return found
+        return next((ours for op, ours in metas.items() if target is op), found)
 
     return lookup
 
