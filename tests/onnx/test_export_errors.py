@@ -110,10 +110,23 @@ class ScalesSlice(torch.nn.Module):
         return torchscan.scan(step, h, xs)
 
 
+class ScalesNamedSlice(torch.nn.Module):
+    def forward(self, xs, h):
+        def step(c, x):
+            x["b"].mul_(2)
+            return c + x["a"] + x["b"], c
+
+        return torchscan.scan(step, h, {"a": xs, "b": xs * 1})
+
+
 @pytest.mark.parametrize(
     ("model", "what"),
-    [(CountsInBuffer, "a tensor it reads by closure"), (ScalesSlice, "a slice of xs")],
-    ids=["buffer", "slice"],
+    [
+        (CountsInBuffer, "a tensor it reads by closure"),
+        (ScalesSlice, "a slice of xs"),
+        (ScalesNamedSlice, "a slice of xs['b']"),
+    ],
+    ids=["buffer", "slice", "named-slice"],
 )
 def test_in_place_writes_outside_the_carry_are_refused(model, what: str) -> None:
     with pytest.raises(torchscan.ExportError) as info:

@@ -186,19 +186,34 @@ def _copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:
     output.args = (tuple(values),)
 
 
+class InPlaceWrite(ExportError):
+    """A body writes in place into what it may not: ``sequences`` are the positions, among the
+    scan's sequences, of those whose slices it writes into, ``closure`` whether it writes into a
+    tensor it reads by closure. :meth:`naming` words it with the names of the sequences."""
+
+    def __init__(self, sequences: list[int], closure: bool, names: Sequence[str] = ()) -> None:
+        self.sequences, self.closure = sequences, closure
+        what = [
+            *(f"a slice of {names[i]}" if names else "a slice of xs" for i in sequences),
+            *(["a tensor it reads by closure"] if closure else []),
+        ]
+        super().__init__(
+            "torchscan: the loop body modifies in place "
+            f"{' and '.join(dict.fromkeys(what))}, which an exported loop cannot do (the model "
+            "would compute something else than eager PyTorch). Return the new value as part of "
+            "the carry instead."
+        )
+
+    def naming(self, names: Sequence[str]) -> InPlaceWrite:
+        """The same refusal, naming the sequences by ``names`` (``xs['b']``)."""
+        return InPlaceWrite(self.sequences, self.closure, names)
+
+
 def refuse_mutation(gm: torch.fx.GraphModule, n_carries: int, n_sequences: int) -> None:
     """A body that writes in place into a sequence slice or a captured tensor has an effect an
     ONNX loop cannot express; the carry is a per-step value and may be changed freely."""
     *_, mutated, _ = check_input_alias_and_mutation_return_outputs(gm)
     bad = sorted(i for i in set(mutated) if i >= n_carries)
     if bad:
-        what = [
-            "a slice of xs" if i < n_carries + n_sequences else "a tensor it reads by closure"
-            for i in bad
-        ]
-        raise ExportError(
-            "torchscan: the loop body modifies in place "
-            f"{' and '.join(dict.fromkeys(what))}, which an exported loop cannot do (the model "
-            "would compute something else than eager PyTorch). Return the new value as part of "
-            "the carry instead."
-        )
+        sequences = [i - n_carries for i in bad if i < n_carries + n_sequences]
+        raise InPlaceWrite(sequences, closure=len(sequences) < len(bad))

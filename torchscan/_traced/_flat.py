@@ -12,7 +12,7 @@ from torchscan._compat import (
     disable_proxy_modes_tracing,
 )
 from torchscan._errors import TorchscanValueError
-from torchscan._traced._body import as_traced_body
+from torchscan._traced._body import InPlaceWrite, as_traced_body
 from torchscan._traced._loop_op import torchscan_loop
 from torchscan._traced._scan_op import torchscan_scan
 
@@ -158,6 +158,10 @@ def traced_scan(
     except _StopsEarly:
         flat.refuse_until = False
         return _scan_as_loop(fn, flat, xs, in_axes, x_of, plan.length, axis, reverse, reverse_ys)
+    except InPlaceWrite as refused:
+        if not refused.sequences or not xs:
+            raise
+        raise refused.naming([name for name, _ in flat.sequences]) from None
     finally:
         flat.refuse_until = False
     return flat.unflatten(out)
