@@ -14,8 +14,11 @@ import torchscan.onnx
 
 PACKAGE = Path(torchscan.__file__).parent
 
-# The conversion below opset 18 and its adapters still share helpers both ways.
-KNOWN_CYCLES = {("torchscan.onnx._convert", "torchscan.onnx._convert_adapters")}
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
+
+# What an export runs: everything but the check tool and the command line, which may build
+# models with onnx.helper.
+EXPORT_PATH_EXCLUDED = ("torchscan.onnx._check", "torchscan._cli")
 
 
 def _module_name(path: Path) -> str:
@@ -62,6 +65,52 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == {("a", "b", "c")}
+
+
+def _imports_onnx_helper(tree: ast.AST) -> bool:
+    """Whether ``tree`` imports ``onnx.helper`` in any form, at any depth of its code."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            if any(
+                a.name == "onnx.helper" or a.name.startswith("onnx.helper.") for a in node.names
+            ):
+                return True
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "onnx.helper" or node.module.startswith("onnx.helper."):
+                return True
+            if node.module == "onnx" and any(a.name == "helper" for a in node.names):
+                return True
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "helper"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "onnx"
+        ):
+            return True
+    return False
+
+
+def test_the_export_path_does_not_use_onnx_helper() -> None:
+    used = sorted(
+        _module_name(path)
+        for path in PACKAGE.rglob("*.py")
+        if not _module_name(path).startswith(EXPORT_PATH_EXCLUDED)
+        and _imports_onnx_helper(ast.parse(path.read_text()))
+    )
+    assert used == []
+
+
+def test_the_onnx_helper_finder_finds_its_forms() -> None:
+    for source in (
+        "import onnx.helper",
+        "import onnx.helper as oh",
+        "from onnx import helper",
+        "from onnx.helper import make_node",
+        "def f():\n    import onnx\n    return onnx.helper.make_node",
+    ):
+        assert _imports_onnx_helper(ast.parse(source)), source
+    for source in ("import onnx", "from onnx import numpy_helper", "import onnx.numpy_helper"):
+        assert not _imports_onnx_helper(ast.parse(source)), source
 
 
 EXPORT = """

@@ -83,3 +83,22 @@ def test_classic_types_are_allowed_everywhere(version) -> None:
 def test_only_scan_8_has_a_batch_axis_and_negative_axes_start_at_11() -> None:
     assert [v.since for v in SCAN_VERSIONS if v.batch_axis] == [8]
     assert [v.since for v in SCAN_VERSIONS if not v.negative_axes] == [8, 9]
+
+
+def test_ir_versions_match_the_releases_of_onnx() -> None:
+    """The IR version a converted model declares: the oldest released with its opset, and IR 3
+    (opset 8's) at the least, as ``onnx.helper.VERSION_TABLE`` lists them."""
+    import onnx.helper
+
+    expected = {
+        opset: max(3, min(ir for _, ir, ops, *_ in onnx.helper.VERSION_TABLE if ops >= opset))
+        for opset in range(_opsets.MIN_OPSET, _opsets.MAX_OPSET + 1)
+    }
+    assert expected == _opsets.IR_VERSIONS
+    assert all(_opsets.ir_version_for(o) == v for o, v in expected.items())
+
+
+@pytest.mark.parametrize("opset", [_opsets.MIN_OPSET - 1, _opsets.MAX_OPSET + 1])
+def test_ir_version_of_an_opset_outside_the_range_is_refused(opset: int) -> None:
+    with pytest.raises(ValueError, match=f"torchscan exports to opsets 8 to 25, but opset {opset}"):
+        _opsets.ir_version_for(opset)

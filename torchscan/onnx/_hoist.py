@@ -22,13 +22,11 @@ opset does not allow (a per-step cast to bfloat16 stays in the body below opset 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from collections.abc import Iterable
 
 import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
-from torchscan.onnx import _opsets
+from torchscan.onnx import _ir, _opsets
 
 # Operators applied element by element, with numpy broadcasting between their inputs.
 _ELEMENTWISE = frozenset(
@@ -51,21 +49,6 @@ _NONDETERMINISTIC = frozenset(
 )  # fmt: skip
 
 
-@dataclasses.dataclass
-class _Names:
-    """Fresh value names: ONNX wants every name unique across a model and its subgraphs."""
-
-    taken: set[str]
-    counter: itertools.count = dataclasses.field(default_factory=itertools.count)
-
-    def fresh(self, base: str) -> str:
-        name = base
-        while name in self.taken:
-            name = f"{base}_{next(self.counter)}"
-        self.taken.add(name)
-        return name
-
-
 def hoist_loop_invariants(model: ir.Model, *, opset: int | None = None) -> int:
     """Move loop-invariant and per-step work out of every Scan and Loop body of ``model``, in
     place. Returns how many body nodes were moved or batched.
@@ -74,7 +57,7 @@ def hoist_loop_invariants(model: ir.Model, *, opset: int | None = None) -> int:
     no Scan or Loop gets an input or output of an element type its version there does not
     allow."""
     if opset is None:
-        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        opset = _ir.default_opset(model.opset_imports)
         if opset is None:
             raise TorchscanValueError("the model imports no default-domain opset")
     # An opset newer than the version table allows at least what its newest entry allows.
@@ -83,27 +66,17 @@ def hoist_loop_invariants(model: ir.Model, *, opset: int | None = None) -> int:
         "Scan": _opsets.scan_version(opset).element_types,
         "Loop": _opsets.loop_version(opset).element_types,
     }
-    names = _Names({v.name for v in _all_values(model.graph) if v is not None and v.name})
+    names = _ir.Names.of(model.graph)
     return _visit(model.graph, names, allowed)
 
 
-def _all_values(graph: ir.Graph) -> Iterable[ir.Value]:
-    yield from graph.inputs
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        yield from node.inputs
-        yield from node.outputs
-        for attribute in node.attributes.values():
-            if attribute.type == ir.AttributeType.GRAPH:
-                yield from attribute.as_graph().inputs
-
-
-def _visit(graph: ir.Graph, names: _Names, allowed: dict[str, frozenset[ir.DataType]]) -> int:
+def _visit(graph: ir.Graph, names: _ir.Names, allowed: dict[str, frozenset[ir.DataType]]) -> int:
     moved = 0
     for node in list(graph):
         for attribute in node.attributes.values():
             if attribute.type == ir.AttributeType.GRAPH:
                 moved += _visit(attribute.as_graph(), names, allowed)
-        if node.domain in ("", "ai.onnx") and node.op_type in ("Scan", "Loop"):
+        if _ir.is_default_domain(node.domain) and node.op_type in ("Scan", "Loop"):
             moved += _hoist(graph, node, names, allowed[node.op_type])
     return moved
 
@@ -124,7 +97,9 @@ _VARYING = "varying"  # depends on the carried state (or cannot be moved)
 _OUTSIDE = "outside"  # the same at every step
 
 
-def _hoist(graph: ir.Graph, loop: ir.Node, names: _Names, allowed: frozenset[ir.DataType]) -> int:
+def _hoist(
+    graph: ir.Graph, loop: ir.Node, names: _ir.Names, allowed: frozenset[ir.DataType]
+) -> int:
     body = loop.attributes["body"].as_graph()
     # A per-step value the rest of the body reads becomes a new scanned input: where its element
     # type is one the loop does not take (or is unknown), its node stays in the body, and the
@@ -193,7 +168,7 @@ def _frontier(body: ir.Graph, per_step: list[ir.Node]) -> list[ir.Value]:
 
 def _classify(node: ir.Node, kinds: dict[ir.Value, object], body: ir.Graph) -> object:
     if (
-        node.domain not in ("", "ai.onnx")
+        not _ir.is_default_domain(node.domain)
         or node.op_type in _NONDETERMINISTIC
         or any(
             a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
@@ -272,7 +247,7 @@ def _float_attribute(node: ir.Node, name: str, default: float) -> float:
     return attribute.as_float() if attribute is not None else default
 
 
-def _keep_outputs_in_body(body: ir.Graph, node: ir.Node, names: _Names) -> None:
+def _keep_outputs_in_body(body: ir.Graph, node: ir.Node, names: _ir.Names) -> None:
     """A body output that leaves the body with its node is passed on by an ``Identity``."""
     for output in node.outputs:
         if output in body.outputs:
@@ -280,7 +255,7 @@ def _keep_outputs_in_body(body: ir.Graph, node: ir.Node, names: _Names) -> None:
 
 
 def _output_through_identity(
-    body: ir.Graph, output: ir.Value, source: ir.Value, version: int | None, names: _Names
+    body: ir.Graph, output: ir.Value, source: ir.Value, version: int | None, names: _ir.Names
 ) -> None:
     """Make the body output ``output`` an ``Identity`` of ``source``: a body's outputs must be
     values of its own, and distinct."""
@@ -302,7 +277,7 @@ def _batch_steps(
     body: ir.Graph,
     per_step: list[ir.Node],
     kinds: dict[ir.Value, object],
-    names: _Names,
+    names: _ir.Names,
 ) -> int:
     n_scanned = scan.attributes["num_scan_inputs"].as_int()
     n_state = len(body.inputs) - n_scanned
@@ -349,14 +324,14 @@ def _batch_steps(
     return len(per_step)
 
 
-def _fold_into_gemm(graph: ir.Graph, scan: ir.Node, body: ir.Graph, names: _Names) -> None:
+def _fold_into_gemm(graph: ir.Graph, scan: ir.Node, body: ir.Graph, names: _ir.Names) -> None:
     """``Add(Gemm(h, W, c), x_t)`` per step, with ``x_t`` a scanned element, is ``Gemm(h, W,
     x_t + c)``: adding ``c`` once to the whole sequence saves an ``Add`` at every step. This is
     what a hoisted input projection next to the recurrent product looks like."""
     n_scanned = scan.attributes["num_scan_inputs"].as_int()
     n_state = len(body.inputs) - n_scanned
     for add in list(body):
-        if add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+        if add.op_type != "Add" or not _ir.is_default_domain(add.domain):
             continue
         pair = _gemm_and_element(add, body, n_state)
         if pair is None:
@@ -454,7 +429,7 @@ def _set_scanned(scan, body, graph_inputs, n_state, keep, axes, directions) -> N
 
 
 def _batched_node(
-    node: ir.Node, batched: dict[ir.Value, ir.Value], names: _Names
+    node: ir.Node, batched: dict[ir.Value, ir.Value], names: _ir.Names
 ) -> tuple[list[ir.Node], ir.Value]:
     """The nodes computing ``node`` for all steps at once, and their result."""
     inputs = [batched.get(v, v) if v is not None else None for v in node.inputs]
@@ -479,7 +454,7 @@ def _batched_node(
 
 
 def _batched_gemm(
-    node: ir.Node, inputs: list[ir.Value | None], base: str, names: _Names
+    node: ir.Node, inputs: list[ir.Value | None], base: str, names: _ir.Names
 ) -> tuple[list[ir.Node], ir.Value]:
     """``Gemm`` takes matrices only: ``alpha * A @ B' + beta * C`` as MatMul, Mul and Add."""
     a, b, c = (*inputs, None)[:3]

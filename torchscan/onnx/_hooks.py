@@ -138,10 +138,11 @@ class _ConvertingAPIs:
             return self._apis.convert_version(model, target_version)
         from torchscan.onnx import _convert
 
-        built = ir.serde.serialize_model(model)
+        # The optimizer changes the model it is given: the model as built is kept for a retry.
+        built = model.clone()
         try:
-            proto = _convert.convert_model(
-                ir.serde.serialize_model(self._apis.optimize(model)), target_version
+            converted = _convert.convert_model(
+                self._apis.optimize(model), target_version, in_place=True
             )
         except _convert.OpsetConversionError as refused:
             # The optimizer may choose operators the target lacks; the model as built may not.
@@ -149,10 +150,9 @@ class _ConvertingAPIs:
             # built still holds what the optimizer folds away (a SplitToSequence that is a Split,
             # a bound computed from constants).
             try:
-                proto = _convert.convert_model(built, target_version)
+                converted = _convert.convert_model(built, target_version, in_place=True)
             except _convert.OpsetConversionError:
                 raise refused from None
-        converted = ir.serde.deserialize_model(proto)
         converted.meta[self._CONVERTED] = True
         return converted
 

@@ -26,6 +26,23 @@ MAX_OPSET = 25
 TORCH_BUILD_OPSET = 18
 """torch.onnx builds every model at this opset or newer; older targets are converted down."""
 
+IR_VERSIONS = {
+    8: 3, 9: 4, 10: 5, 11: 6, 12: 7, 13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9,
+    21: 10, 22: 10, 23: 11, 24: 12, 25: 13,
+}  # fmt: skip
+"""The oldest IR version released with each opset: the one a model converted down to that
+opset declares, as older runtimes read no newer one. (A test holds it against onnx's own
+table.)"""
+
+
+def ir_version_for(opset: int) -> int:
+    """The oldest IR version released with ``opset`` (IR 3 came with opset 8)."""
+    if opset not in IR_VERSIONS:
+        raise TorchscanValueError(
+            f"torchscan exports to opsets {MIN_OPSET} to {MAX_OPSET}, but opset {opset} was asked"
+        )
+    return IR_VERSIONS[opset]
+
 
 @dataclasses.dataclass(frozen=True)
 class OpVersion:

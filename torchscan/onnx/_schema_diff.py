@@ -30,6 +30,7 @@ from typing import Literal
 
 import onnx
 import onnx.defs
+import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
 
@@ -138,20 +139,19 @@ def allowed_types(schema: onnx.defs.OpSchema, type_str: str) -> frozenset[str]:
     return frozenset([type_str])
 
 
-def type_string(type_proto: onnx.TypeProto) -> str | None:
+def type_string(type_: ir.TypeProtocol) -> str | None:
     """The schema spelling of a value's type (``tensor(float)``, ``seq(tensor(int64))``), or
     None where the type is not fully known."""
-    kind = type_proto.WhichOneof("value")
-    if kind == "tensor_type":
-        elem = type_proto.tensor_type.elem_type
-        return f"tensor({tensor_type_name(elem)})" if elem else None
-    if kind in ("sequence_type", "optional_type"):
-        inner = type_string(getattr(type_proto, kind).elem_type)
-        wrapper = "seq" if kind == "sequence_type" else "optional"
+    if isinstance(type_, ir.TensorType):
+        elem = type_.dtype
+        return f"tensor({tensor_type_name(elem)})" if elem != ir.DataType.UNDEFINED else None
+    if isinstance(type_, (ir.SequenceType, ir.OptionalType)):
+        inner = type_string(type_.elem_type)
+        wrapper = "seq" if isinstance(type_, ir.SequenceType) else "optional"
         return f"{wrapper}({inner})" if inner else None
     return None
 
 
 def tensor_type_name(elem_type: int) -> str:
     """The schema spelling of an element type: ``float``, ``int64``, ``float16``."""
-    return onnx.TensorProto.DataType.Name(elem_type).lower()
+    return ir.DataType(elem_type).name.lower()

@@ -21,12 +21,12 @@ import onnx.shape_inference
 import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
-from torchscan.onnx import _opsets
+from torchscan.onnx import _ir, _opsets
 from torchscan.onnx._check._loop_rules import _lint_loop
 from torchscan.onnx._check._report import CheckedNode, Finding
 from torchscan.onnx._check._rules import RULES
 from torchscan.onnx._check._scan_rules import _lint_scan
-from torchscan.onnx._check._site import _DEFAULT_DOMAINS, _Site
+from torchscan.onnx._check._site import _Site
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +87,11 @@ def lint(model: onnx.ModelProto) -> LintResult:
 
 def default_opset(imports: Sequence[onnx.OperatorSetIdProto]) -> int | None:
     """The version of the default ONNX domain among a model's opset imports, or None."""
-    return next((i.version for i in imports if i.domain in _DEFAULT_DOMAINS), None)
+    return next((i.version for i in imports if _ir.is_default_domain(i.domain)), None)
 
 
 def _default_opset_ir(imports: dict[str, int]) -> int | None:
-    return next((v for d, v in imports.items() if d in _DEFAULT_DOMAINS), None)
+    return _ir.default_opset(imports)
 
 
 def _with_inferred_types(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -127,7 +127,7 @@ def _loop_nodes(graph: ir.Graph | ir.Function, prefix: str) -> Iterator[tuple[ir
     for index, node in enumerate(graph):
         label = f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
         path = prefix + label
-        if node.domain in _DEFAULT_DOMAINS and node.op_type in ("Scan", "Loop"):
+        if _ir.is_default_domain(node.domain) and node.op_type in ("Scan", "Loop"):
             yield node, path
         for attr in node.attributes.values():
             if attr.is_ref():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from torchscan.onnx import _ir
 from torchscan.onnx._check._rules import _n
 from torchscan.onnx._check._shared_rules import (
     _check_arity,
@@ -16,7 +17,7 @@ from torchscan.onnx._check._shared_rules import (
     _check_types,
     _optional_inputs,
 )
-from torchscan.onnx._check._site import _DEFAULT_DOMAINS, _conflict, _dims, _Site, _text, _type_str
+from torchscan.onnx._check._site import _conflict, _dims, _Site, _text, _type_str
 
 
 def _lint_loop(site: _Site) -> None:
@@ -102,7 +103,7 @@ def _passes_through(output: ir.Value, value: ir.Value) -> bool:
         producer = output.producer()
         if producer is None or producer.op_type != "Identity" or not producer.inputs:
             return False
-        if producer.domain not in _DEFAULT_DOMAINS or producer.inputs[0] is None:
+        if not _ir.is_default_domain(producer.domain) or producer.inputs[0] is None:
             return False
         output, seen = producer.inputs[0], seen + 1
     return output is value

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from torchscan._errors import TorchscanValueError
+from torchscan.onnx import _ir
 from torchscan.onnx._check import _lint
 from torchscan.onnx._check._inputs import _dtype_name, graph_inputs
 
@@ -135,7 +136,7 @@ def _equal_dims(model: onnx.ModelProto) -> list[tuple[str, list[onnx.TensorShape
             types.setdefault(value.name, value.type)
         for index, node in enumerate(graph.node):
             label = f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
-            if node.op_type == "Scan" and node.domain in ("", "ai.onnx"):
+            if node.op_type == "Scan" and _ir.is_default_domain(node.domain):
                 found.extend(_scan_dims(node, prefix + label, types, version))
             for attr in node.attribute:
                 for body in [attr.g] if attr.HasField("g") else attr.graphs:

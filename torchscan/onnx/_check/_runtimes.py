@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from torchscan.onnx import _ir
 from torchscan.onnx._check import _lint
 from torchscan.onnx._check._inputs import _as_value
 
@@ -67,7 +68,7 @@ def _reference_cannot_run(model: onnx.ModelProto) -> str | None:
     opset = _lint.default_opset(model.opset_import)
     functions = [node for function in model.functions for node in function.node]
     for node in _all_nodes(model.graph) + functions:
-        if node.op_type != "Scan" or node.domain not in ("", "ai.onnx") or opset is None:
+        if node.op_type != "Scan" or not _ir.is_default_domain(node.domain) or opset is None:
             continue
         version = _lint.version_in_force("Scan", opset)
         if version is not None and version.batch_axis:

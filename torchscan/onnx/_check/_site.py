@@ -18,8 +18,6 @@ from torchscan.onnx import _opsets
 from torchscan.onnx._check._report import Finding
 from torchscan.onnx._check._rules import RULES
 
-_DEFAULT_DOMAINS = ("", "ai.onnx")
-
 
 @dataclasses.dataclass
 class _Site:
