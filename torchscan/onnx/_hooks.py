@@ -28,7 +28,7 @@ from typing import Any
 import onnx_ir as ir
 
 from torchscan._errors import ExportError
-from torchscan.onnx import _hoist, _opsets, _options
+from torchscan.onnx import _hoist, _ir, _opsets, _options
 
 _installed = False
 
@@ -215,7 +215,7 @@ def check_loop_types(graph: ir.Graph, opset: int) -> None:
     """Refuse a Scan or Loop, at any depth, whose tensors have an element type that its version
     at ``opset`` does not allow, naming the first opset that does."""
     for node in ir.traversal.RecursiveGraphIterator(graph):
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Scan", "Loop"):
+        if not _ir.is_default_domain(node.domain) or node.op_type not in ("Scan", "Loop"):
             continue
         versions, version = _versions(node.op_type, opset)
         for role, value in _roles(node):
