@@ -24,6 +24,7 @@ import pytest
 import torch
 from onnx import TensorProto, numpy_helper
 
+import torchscan
 from torchscan.onnx._convert import OpsetConversionError, convert_model
 
 from .._export import onnx_export
@@ -740,3 +741,19 @@ def test_clip_of_integers_converts_below_opset_12(bounds: str, dtype: type, targ
         x = integers(dtype, 6)
         expected = np.clip(x, None if bounds == "high" else low, high)
         assert_same([expected], run(lowered, {"x": x, "low": np.array(low)}))
+
+
+def test_an_adapter_is_registered_once_per_domain_operator_and_version() -> None:
+    from torchscan.onnx._convert._registry import AdapterRegistry
+
+    def adapter(node, ctx, boundary):
+        return [node]
+
+    registry = AdapterRegistry()
+    registry.register("", ["Foo", "Bar"], 9, 11)(adapter)
+    assert registry.lookup("ai.onnx", "Foo", 11) is adapter  # the alias of the default domain
+    assert registry.lookup("", "Foo", 10) is None
+    assert len(registry) == 4
+    with pytest.raises(torchscan.TorchscanValueError) as info:
+        registry.add("ai.onnx", "Bar", 9, adapter)
+    assert str(info.value) == ("torchscan: an adapter is already registered for ('', 'Bar', 9)")

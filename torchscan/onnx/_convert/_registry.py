@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
+from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _ir
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class AdapterRegistry:
     def add(self, domain: str, op: str, since: int, adapter: Adapter) -> None:
         key = (_canonical(domain), op, since)
         if key in self._adapters:
-            raise ValueError(f"an adapter is already registered for {key}")
+            raise TorchscanValueError(f"torchscan: an adapter is already registered for {key}")
         self._adapters[key] = adapter
 
     def lookup(self, domain: str, op: str, since: int) -> Adapter | None:
