@@ -15,13 +15,24 @@ from torchscan.onnx._check._runtimes import _spec_loop
 
 
 def run_onnxruntime(model: onnx.ModelProto, inputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    """``model`` in onnxruntime on ``inputs``, given in the order of the model's inputs."""
+    session = _session(model)
     names = [i.name for i in session.get_inputs()]
     return session.run(None, dict(zip(names, _numpy(inputs), strict=True)))
+
+
+def run_onnxruntime_on(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """``model`` in onnxruntime on ``feeds``, by input name."""
+    return _session(model).run(None, feeds)
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """onnxruntime on the CPU with graph optimisations off: the model as it is."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def run_reference(model: onnx.ModelProto, inputs: Sequence[torch.Tensor]) -> list[np.ndarray]:

@@ -19,7 +19,6 @@ import onnx
 import onnx.helper as oh
 import onnx.shape_inference
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, numpy_helper
@@ -28,6 +27,7 @@ import torchscan
 from torchscan.onnx._convert import OpsetConversionError, convert_model
 
 from .._export import onnx_export
+from ._runtimes import run_onnxruntime_on as run
 
 TARGETS = list(range(8, 18))
 F32, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
@@ -39,15 +39,6 @@ _rng = np.random.default_rng(0)
 
 
 # -- running and comparing ------------------------------------------------------------------------
-
-
-def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, feeds)
 
 
 def assert_same(expected: list[np.ndarray], actual: list[np.ndarray]) -> None:
