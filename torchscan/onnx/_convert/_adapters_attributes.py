@@ -141,25 +141,27 @@ def _reduce_axes_input(node: ir.Node, ctx: Context, boundary: int) -> list[ir.No
 def _axes_input(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     """Squeeze-13 and Unsqueeze-13 take ``axes`` as an input; their version 11 as an
     attribute."""
-    axes = None
-    if len(present_inputs(node)) > 1:
-        axes = ctx.require_const(node, boundary, 1, "axes")
-    truncate_inputs(node, 1)
-    if axes is not None:
-        set_attribute(node, "axes", [int(a) for a in axes.reshape(-1)])
-    return [node]
+    return _optional_input_as_attribute(node, ctx, boundary, "axes")
 
 
 @register("", "Split", 13)
 def _split_13(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     """Split-13 takes the lengths of its parts as the input ``split``; Split-11 as an
     attribute."""
-    split = None
+    return _optional_input_as_attribute(node, ctx, boundary, "split")
+
+
+def _optional_input_as_attribute(
+    node: ir.Node, ctx: Context, boundary: int, name: str
+) -> list[ir.Node]:
+    """``node`` with its optional second input ``name``, a constant, moved to the attribute of
+    that name (left out where the input is)."""
+    values = None
     if len(present_inputs(node)) > 1:
-        split = ctx.require_const(node, boundary, 1, "split")
+        values = ctx.require_const(node, boundary, 1, name)
     truncate_inputs(node, 1)
-    if split is not None:
-        set_attribute(node, "split", [int(s) for s in split.reshape(-1)])
+    if values is not None:
+        set_attribute(node, name, [int(v) for v in values.reshape(-1)])
     return [node]
 
 

@@ -286,8 +286,10 @@ class Context:
 
     def add_const(self, value: Any, base: str) -> ir.Value:
         """A new initializer of the main graph, which every subgraph sees."""
-        array = np.asarray(value)
-        name = self.fresh(base)
+        return self.register_const(np.asarray(value), self.fresh(base))
+
+    def register_const(self, array: np.ndarray, name: str) -> ir.Value:
+        """``array`` as an initializer of the main graph named ``name`` (a name not in use)."""
         constant = ir.Value(
             name=name,
             type=ir.TensorType(dtype_of(array)),
@@ -446,3 +448,12 @@ class Context:
             if not (len(nodes) == 1 and new.name == node.name):
                 new.name = self.fresh(new.name or f"{node.name}_{new.op_type}")
         return nodes
+
+
+def replace_graph_output(old: ir.Value, new: ir.Value) -> None:
+    """Where ``old`` is an output of its graph, ``new`` becomes that output instead."""
+    if old.is_graph_output():
+        outputs = old.graph.outputs
+        for i, output in enumerate(outputs):
+            if output is old:
+                outputs[i] = new

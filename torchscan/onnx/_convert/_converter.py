@@ -25,10 +25,9 @@ from torchscan.onnx._convert._context import (
     VALUE_PRESERVING,
     Context,
     OpsetConversionError,
-    as_tensor,
     constant_of_node,
-    dtype_of,
     is_present,
+    replace_graph_output,
 )
 from torchscan.onnx._convert._registry import registry
 
@@ -112,11 +111,7 @@ class Converter(Context):
             for use in list(old.uses()):
                 if use.node is not computing:
                     use.node.replace_input_with(use.idx, new)
-            if old.is_graph_output():
-                outputs = old.graph.outputs
-                for i, output in enumerate(outputs):
-                    if output is old:
-                        outputs[i] = new
+            replace_graph_output(old, new)
         if node not in nodes:
             graph.remove(node, safe=True)
         return nodes
@@ -204,21 +199,10 @@ class Converter(Context):
             return [self.make_node("Identity", [source], [output])]
         name = output.name
         output.name = None
-        constant = ir.Value(
-            name=name,
-            type=ir.TensorType(dtype_of(value)),
-            shape=ir.Shape(value.shape),
-            const_value=as_tensor(value, name),
-        )
-        self.root.register_initializer(constant)
-        self._constants[constant] = value
+        constant = self.register_const(value, name)
         for use in list(output.uses()):
             use.node.replace_input_with(use.idx, constant)
-        if output.is_graph_output():
-            outputs = output.graph.outputs
-            for i, found in enumerate(outputs):
-                if found is output:
-                    outputs[i] = constant
+        replace_graph_output(output, constant)
         return []
 
     def _expand_function(self, node: ir.Node, boundary: int) -> tuple[list[ir.Node], int] | None:
