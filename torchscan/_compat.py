@@ -106,6 +106,18 @@ def shape_env() -> Any:
     return ShapeEnv()
 
 
+def lower_bound(size: Any) -> Any:
+    """The smallest value a size can take under the ranges its shape environment gives its
+    symbols (an int for a plain int; ``-int_oo`` where nothing is known). Unlike
+    ``statically_known_true``, this does not assume that sizes are at least 2."""
+    if isinstance(size, int):
+        return size
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    node = size.node
+    return bound_sympy(node.expr, node.shape_env.var_to_range).lower
+
+
 def symbolic_symbols(tracer: Any) -> dict[Any, Any]:
     """The symbolic sizes a proxy tracer has seen, by sympy expression (empty if none)."""
     return getattr(tracer, "sympy_expr_tracker", {})
@@ -194,6 +206,13 @@ _PROXY = "torch.fx.experimental.proxy_tensor"
 _ONNX = "torch.onnx._internal.exporter"
 
 PRIVATE_API: tuple[PrivateSymbol, ...] = (
+    # sizes
+    PrivateSymbol(
+        "torch.utils._sympy.value_ranges",
+        "bound_sympy",
+        "the smallest length of a scan, from the ranges of the exported program's sizes",
+        ("expr", "ranges"),
+    ),
     # pytrees
     PrivateSymbol("torch.utils._cxx_pytree", "tree_flatten", "flatten pytrees fast", ("tree",)),
     PrivateSymbol(

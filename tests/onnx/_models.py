@@ -304,6 +304,53 @@ class IntegerMasks(torch.nn.Module):
         return torchscan.scan(step, h, xs)
 
 
+class Shifted(torch.nn.Module):
+    """A fixed-grid ODE step over ``zip(t[:-1], t[1:])``: at length 1 the scanned sequences are
+    empty, and the scan must return the initial state and empty outputs."""
+
+    def forward(self, xs, h):
+        def step(y, pair):
+            x0, x1 = pair
+            y = y + (x1 - x0).sum(-1, keepdim=True) * torch.tanh(y)
+            return y, (y, x1 * 2)
+
+        return torchscan.scan(step, h, (xs[:-1], xs[1:]))
+
+
+class ShiftedAxis1Reverse(torch.nn.Module):
+    """A batch-first scan over ``e[:, 1:]`` backwards (a CRF's emissions after the first): empty
+    at length 1 along axis 1, and a per-step output the export computes on the whole sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.RNNCell(F, H)
+
+    def forward(self, xs, h):
+        def step(h, x):
+            return self.cell(x, h), (x * 3, h)
+
+        return torchscan.scan(step, h, xs[:, 1:], axis=1, reverse=True)
+
+
+class ShiftedFold(torch.nn.Module):
+    """A fold over ``xs[1:]``: only a carry, which an empty scan passes through."""
+
+    def forward(self, xs, h):
+        h, _ = torchscan.scan(lambda h, x: (h * 0.5 + x.sum(-1, keepdim=True), None), h, xs[1:])
+        return h
+
+
+def batch_first(t: int) -> tuple[torch.Tensor, ...]:
+    return randn(B, t, F), randn(B, H)
+
+
+def dynamic_time_from(minimum: int, axis: int = 0):
+    def shapes():
+        return ({axis: Dim("T", min=minimum)}, None)
+
+    return shapes
+
+
 CASES: dict[str, Case] = {
     "elman": Case(Elman, time_major((F,)), dynamic_time(1)),
     "axis1": Case(
@@ -354,4 +401,14 @@ CASES: dict[str, Case] = {
     ),
     "invariant-outputs": Case(InvariantOutputs, time_major((F,)), dynamic_time(1)),
     "integer-masks": Case(IntegerMasks, time_major((F,)), dynamic_time(1)),
+    "shifted": Case(Shifted, time_major((F,)), dynamic_time(1), run_lengths=(1, 2, 6)),
+    "shifted-axis1-reverse": Case(
+        ShiftedAxis1Reverse,
+        batch_first,
+        dynamic_time(1, axis=1),
+        reference=False,
+        run_lengths=(1, 2, 6),
+    ),
+    "shifted-fold": Case(ShiftedFold, time_major((F,)), dynamic_time(1), run_lengths=(1, 2, 6)),
+    "may-be-empty": Case(Elman, time_major((F,)), dynamic_time_from(0), run_lengths=(0, 1, 6)),
 }

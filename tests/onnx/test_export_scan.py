@@ -80,3 +80,17 @@ def test_captured_parameters_stay_in_the_outer_graph(exported, opset: int) -> No
     read_from_outside = {name for node, _ in nodes(body) for name in node.input} & outer
     # the weight and the scale buffer; `bias`, computed outside from the weight, is a value
     assert len(read_from_outside) >= 2
+
+
+@pytest.mark.parametrize("opset", [9, 18])
+def test_only_a_scan_that_may_run_no_step_is_guarded(exported, opset: int) -> None:
+    """onnxruntime cannot run a Scan of length 0: a Scan whose length the exported program lets
+    reach 0 (``xs[1:]`` with ``T >= 1``, or ``T >= 0``) runs behind an ``If`` on the length; one
+    whose length is at least 1 is left as it is, with no cost at run time."""
+
+    def top_level_ops(name: str) -> list[str]:
+        return [node.op_type for node in exported(name, opset).graph.node]
+
+    assert "If" not in top_level_ops("elman")
+    for name in ("shifted", "shifted-axis1-reverse", "may-be-empty"):
+        assert top_level_ops(name).count("If") == 2, name

@@ -6,12 +6,14 @@ holds one node with the traced body as a subgraph and the loop's static descript
 direction of every sequence and output) as plain Python arguments. ``torchscan.onnx`` translates
 that node into one ONNX ``Scan``.
 
-``torchscan_scan(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse)``
-returns ``(*final_carries, *ys)``. ``body(*carries, *x_slices, *captured)`` returns
+``torchscan_scan(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse,
+nonempty)`` returns ``(*final_carries, *ys)``. ``body(*carries, *x_slices, *captured)`` returns
 ``(*new_carries, *y_slices)``; every argument is a flat tuple of tensors (pytrees and ``None``
 leaves are handled before and after, in ``traced_scan``). ``out_axes`` and ``out_reverse`` may
 hold one entry to apply to every output, since the number of outputs is only known once the body
-has been traced. ``torchscan_loop(body, trip_count, cond, carries, captured, has_until)`` is the
+has been traced. ``nonempty``, set while tracing, records whether the program's shapes keep the
+length at 1 or more (the ONNX translation guards a Scan that may run zero steps).
+``torchscan_loop(body, trip_count, cond, carries, captured, has_until)`` is the
 same for ``loop`` and for a scan that stops early, and becomes one ONNX ``Loop``.
 
 Modules: ``_scan_op`` and ``_loop_op`` (the operators and their implementations), ``_body`` (tracing

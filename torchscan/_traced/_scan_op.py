@@ -14,6 +14,7 @@ from torchscan._compat import (
     autograd_not_implemented,
     disable_proxy_modes_tracing,
     maybe_run_with_interpreter,
+    lower_bound,
     register_fake,
 )
 from torchscan._traced._body import (
@@ -29,7 +30,9 @@ class ScanOp(HigherOrderOperator):
     def __init__(self) -> None:
         super().__init__("torchscan_scan")
 
-    def __call__(self, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+    def __call__(
+        self, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty=False
+    ):
         return super().__call__(
             body,
             tuple(carries),
@@ -39,6 +42,7 @@ class ScanOp(HigherOrderOperator):
             tuple(bool(r) for r in in_reverse),
             tuple(int(a) for a in out_axes),
             tuple(bool(r) for r in out_reverse),
+            bool(nonempty),
         )
 
 
@@ -77,10 +81,12 @@ def _scan_length(xs: Sequence[torch.Tensor], in_axes: Sequence[int]) -> Any:
 
 
 @torchscan_scan.py_impl(DispatchKey.CompositeExplicitAutograd)
-def _dense(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+def _dense(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty):
     length = _scan_length(xs, in_axes)
     if length == 0:
-        empty = _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse)
+        empty = _fake(
+            body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty
+        )
         return (*carries, *empty[len(carries) :])
     carries = list(carries)
     steps = []
@@ -105,7 +111,7 @@ def _dense(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_rever
 
 
 @register_fake(torchscan_scan, skip_cache=True)
-def _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+def _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty):
     x = [_slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
     with as_traced_body():
         out = body(*carries, *x, *captured)
@@ -128,18 +134,20 @@ torchscan_scan.py_impl(DispatchKey.Autograd)(
 
 
 @torchscan_scan.py_functionalize_impl
-def _functionalize(ctx, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+def _functionalize(
+    ctx, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty
+):
     unwrapped = [ctx.unwrap_tensors(group) for group in (carries, xs, captured)]
     with ctx.redispatch_to_next():
         functional_body = ctx.functionalize(maybe_run_with_interpreter(body))
         out = torchscan_scan(
-            functional_body, *unwrapped, in_axes, in_reverse, out_axes, out_reverse
+            functional_body, *unwrapped, in_axes, in_reverse, out_axes, out_reverse, nonempty
         )
     return ctx.wrap_tensors(out)
 
 
 @torchscan_scan.py_impl(ProxyTorchDispatchMode)
-def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse):
+def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty):
     with disable_proxy_modes_tracing():
         # Cloned, so that a closure reference to the initial carry stays the outer value.
         sample_carries = [c.clone() for c in carries]
@@ -152,8 +160,9 @@ def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out
         _stacking_axis(a, y.ndim) for a, y in zip(_broadcast(out_axes, len(ys)), ys, strict=True)
     )
     out_reverse = _broadcast(out_reverse, len(ys))
-    args = (body_gm, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse)
     length = _scan_length(xs, in_axes)
+    nonempty = bool(lower_bound(length) >= 1)
+    args = (body_gm, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty)
     with disable_proxy_modes_tracing():
         example = (
             *[c.new_empty(c.shape) for c in carries],

@@ -63,21 +63,25 @@ def scan_to_onnx(
     in_reverse: Sequence[bool],
     out_axes: Sequence[int],
     out_reverse: Sequence[bool],
+    nonempty: bool = False,
 ) -> Sequence[ir.Value]:
     """``torchscan_scan`` as one ``Scan`` node.
 
     Axes are non-negative (the operator normalises them), which every Scan version from 9 on
-    accepts; Scan-8's batch axis is made by the down-conversion to opset 8.
+    accepts; Scan-8's batch axis is made by the down-conversion to opset 8. ``nonempty`` says
+    that the exported program's shapes keep the length at 1 or more; where they do not, the
+    Scan is guarded against a length of 0 (see :class:`_EmptyGuard`).
     """
     recorder = _recorder()
     tag = body.name
     inputs = [_input_like(f"{tag}_state_{i}", c) for i, c in enumerate(carries)] + [
         _input_like(f"{tag}_x_{i}", x, a) for i, (x, a) in enumerate(zip(xs, in_axes, strict=True))
     ]
+    guard = _EmptyGuard(recorder, body, xs, in_axes) if not nonempty and _may_be_empty(xs, in_axes) else None
     node = ir.Node(
         "",
         "Scan",
-        [*carries, *xs],
+        [*carries, *(guard.sequences if guard else xs)],
         attributes=[
             ir.AttrGraph("body", _body_graph(body, inputs, list(captured or ()))),
             ir.AttrInt64("num_scan_inputs", len(xs)),
@@ -90,7 +94,170 @@ def scan_to_onnx(
         version=recorder.opset.version,
     )
     recorder.nodes.append(node)
-    return node.outputs
+    if guard is None:
+        return node.outputs
+    return guard.outputs(node.outputs, carries, out_axes)
+
+
+def _may_be_empty(xs: Sequence[ir.Value], in_axes: Sequence[int]) -> bool:
+    """Whether the scan's length, read from the first sequence, is not known to be at least 1."""
+    if not xs:
+        return False
+    shape = xs[0].shape
+    if shape is None:
+        return True
+    length = shape.dims[in_axes[0]]
+    return not (isinstance(length, int) and length >= 1)
+
+
+class _EmptyGuard:
+    """A Scan that runs for every length, 0 included.
+
+    The ONNX specification lets a Scan run zero steps, but onnxruntime 1.32 fails on a sequence
+    of length 0 (along axis 0) or ends the process (along other axes). Where the length is not
+    known to be positive, the Scan reads its sequences through an ``If``: the sequences
+    themselves when the length is positive, else one step of zeros shaped like a step of each
+    sequence. A second ``If`` returns the Scan's results when the length is positive, else the
+    initial carry unchanged and each output with its scan axis cut to length 0: the step run on
+    zeros only gives the outputs their shapes, and its values are dropped.
+    """
+
+    def __init__(
+        self,
+        recorder,
+        body: ir.Function,
+        xs: Sequence[ir.Value],
+        in_axes: Sequence[int],
+    ) -> None:
+        self._recorder, self._tag, self._body_outputs = recorder, body.name, list(body.outputs)
+        tag = body.name
+        length = _append(recorder, "Shape", [xs[0]])
+        length = _append(
+            recorder,
+            "Gather",
+            [length, _constant(recorder, in_axes[0])],
+            axis=0,
+        )
+        self.nonempty = _append(recorder, "Cast", [length], to=ir.DataType.BOOL)
+        version = recorder.opset.version
+        # The sequences pass through a Slice to a length known only at run time: If-1's shape
+        # inference gives the If the then branch's shapes, and onnxruntime would plan for the
+        # sequence's length on the one step of zeros.
+        zero = _append(recorder, "Constant", [], value=ir.tensor([0], dtype=ir.DataType.INT64))
+        ends = _append(recorder, "Reshape", [length, _constant(recorder, [1])])
+        then_nodes = [
+            ir.node("Slice", [x, zero, ends, _constant(recorder, [axis])], version=version)
+            for x, axis in zip(xs, in_axes, strict=True)
+        ]
+        else_nodes: list[ir.Node] = []
+        stand_ins = [
+            _one_step_of_zeros(else_nodes, x, axis, version)
+            for x, axis in zip(xs, in_axes, strict=True)
+        ]
+        choice = ir.Node(
+            "",
+            "If",
+            [self.nonempty],
+            attributes=[
+                ir.AttrGraph("then_branch", _branch(f"{tag}_xs_then", then_nodes)),
+                ir.AttrGraph("else_branch", ir.Graph([], stand_ins, nodes=else_nodes,
+                                                     name=f"{tag}_xs_else")),
+            ],
+            num_outputs=len(xs),
+            version=version,
+        )
+        for value, x, axis in zip(choice.outputs, xs, in_axes, strict=True):
+            value.type = ir.TensorType(x.dtype)
+            value.shape = _with_dim(x.shape, axis, None)
+        recorder.nodes.append(choice)
+        self.sequences = list(choice.outputs)
+
+    def outputs(
+        self,
+        results: Sequence[ir.Value],
+        carries: Sequence[ir.Value],
+        out_axes: Sequence[int],
+    ) -> Sequence[ir.Value]:
+        recorder, version = self._recorder, self._recorder.opset.version
+        n_carries = len(carries)
+        ys = list(results[n_carries:])
+        then_nodes = [ir.node("Identity", [value], version=version) for value in results]
+        else_nodes = [ir.node("Identity", [c], version=version) for c in carries]
+        zero = ir.node("Constant", [], {"value": ir.tensor([0], dtype=ir.DataType.INT64)},
+                       version=version)
+        else_nodes.append(zero)
+        for y, axis in zip(ys, out_axes, strict=True):
+            axes = ir.node("Constant", [], {"value": ir.tensor([axis], dtype=ir.DataType.INT64)},
+                           version=version)
+            empty = ir.node("Slice", [y, zero.outputs[0], zero.outputs[0], axes.outputs[0]],
+                            version=version)
+            else_nodes.extend([axes, empty])
+        else_outputs = [n.outputs[0] for n in else_nodes if n.op_type in ("Identity", "Slice")]
+        choice = ir.Node(
+            "",
+            "If",
+            [self.nonempty],
+            attributes=[
+                ir.AttrGraph("then_branch", _branch(f"{self._tag}_out_then", then_nodes)),
+                ir.AttrGraph("else_branch", ir.Graph([], else_outputs, nodes=else_nodes,
+                                                     name=f"{self._tag}_out_else")),
+            ],
+            num_outputs=len(results),
+            version=version,
+        )
+        for result, carry in zip(results, carries):
+            result.type, result.shape = ir.TensorType(carry.dtype), carry.shape
+        for result, step, axis in zip(ys, self._body_outputs[n_carries:], out_axes, strict=True):
+            # On an empty sequence, the Scan itself runs one step of zeros: its length is unknown.
+            result.type = step.type
+            if step.shape is not None:
+                dims = list(step.shape.dims)
+                dims.insert(axis, None)
+                result.shape = ir.Shape(dims)
+        recorder.nodes.append(choice)
+        return choice.outputs
+
+
+def _branch(name: str, nodes: Sequence[ir.Node]) -> ir.Graph:
+    return ir.Graph([], [n.outputs[0] for n in nodes], nodes=nodes, name=name)
+
+
+def _with_dim(shape: ir.Shape | None, axis: int, dim) -> ir.Shape | None:
+    if shape is None:
+        return None
+    dims = list(shape.dims)
+    dims[axis] = dim
+    return ir.Shape(dims)
+
+
+def _one_step_of_zeros(
+    nodes: list[ir.Node], x: ir.Value, axis: int, version: int
+) -> ir.Value:
+    """Append to ``nodes`` the computation of zeros shaped like ``x`` with length 1 on ``axis``."""
+    rank = x.shape.rank() if x.shape is not None else None
+    if rank is None:
+        raise ValueError(f"the rank of scan input {x.name} is unknown")
+    keep = [0 if d == axis else 1 for d in range(rank)]
+    one = [1 if d == axis else 0 for d in range(rank)]
+    shape = ir.node("Shape", [x], version=version)
+    keep_c = ir.node("Constant", [], {"value": ir.tensor(keep, dtype=ir.DataType.INT64)},
+                     version=version)
+    one_c = ir.node("Constant", [], {"value": ir.tensor(one, dtype=ir.DataType.INT64)},
+                    version=version)
+    kept = ir.node("Mul", [shape.outputs[0], keep_c.outputs[0]], version=version)
+    step_shape = ir.node("Add", [kept.outputs[0], one_c.outputs[0]], version=version)
+    zero = ir.node("Constant", [], {"value": ir.tensor(0, dtype=x.dtype)}, version=version)
+    zeros = ir.node("Expand", [zero.outputs[0], step_shape.outputs[0]], version=version)
+    nodes.extend([shape, keep_c, one_c, kept, step_shape, zero, zeros])
+    # Declared with the scan axis unknown: where a branch output has no shape, If-1's shape
+    # inference takes the then branch's, and onnxruntime would plan for the sequence's length.
+    zeros.outputs[0].type = ir.TensorType(x.dtype)
+    zeros.outputs[0].shape = _with_dim(x.shape, axis, None)
+    return zeros.outputs[0]
+
+
+def _constant(recorder, value: int | list[int]) -> ir.Value:
+    return _append(recorder, "Constant", [], value=ir.tensor(value, dtype=ir.DataType.INT64))
 
 
 def _append(recorder, op_type: str, inputs: Sequence[ir.Value | None], **attributes) -> ir.Value:
