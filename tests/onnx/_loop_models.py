@@ -233,6 +233,23 @@ def sequence_state_and_order(t: int) -> tuple[torch.Tensor, ...]:
 # onnx.reference cannot run a Loop that runs no iteration
 # (torchscan.onnx._check._runtimes._spec_loop): the reference_lengths of a case leave out the
 # inputs that run none.
+class ForShifted(Cell):
+    """``for i in range(T - 1)`` reading ``xs[i + 1]``, with a dynamic batch: at length 1 no
+    iteration runs, and the outputs keep their per-iteration shape, batch included."""
+
+    def forward(self, xs, h):
+        def body(i, h):
+            h = self.cell(xs[i + 1] - xs[i], h)
+            return h, (h, xs[i].sum(-1) > 0)
+
+        return torchscan.loop(body, h, trip_count=xs.shape[0] - 1)
+
+
+def dynamic_time_and_batch():
+    batch = Dim("B", min=1)
+    return ({0: Dim("T", min=1), 1: batch}, {0: batch})
+
+
 CASES: dict[str, Case] = {
     "for-static": Case(ForStatic, sequence_and_state, lambda: None, {"Loop": 1}, run_lengths=()),
     "for-sequence": Case(ForSequence, sequence_and_state, dynamic_first(2), {"Loop": 1}),
@@ -250,6 +267,10 @@ CASES: dict[str, Case] = {
         ForWithCond, flag_and_sequence, lambda: (None, {0: Dim("T", min=1)}, None), {"Loop": 1},
         run_lengths=(1, 5, 6),
         reference_lengths=(1, 5),
+    ),
+    "for-shifted": Case(
+        ForShifted, sequence_and_state, dynamic_time_and_batch, {"Loop": 1},
+        run_lengths=(1, 2, 6), reference_lengths=(2, 6),
     ),
     "pytrees": Case(Pytrees, sequence_and_state, dynamic_first(2), {"Loop": 1}),
     "no-carry": Case(NoCarry, sequence_and_state, dynamic_first(2), {"Loop": 1}),

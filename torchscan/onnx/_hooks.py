@@ -28,7 +28,7 @@ from typing import Any
 import onnx_ir as ir
 
 from torchscan._errors import ExportError
-from torchscan.onnx import _hoist, _ir, _opsets, _options
+from torchscan.onnx import _empty_loops, _hoist, _ir, _opsets, _options
 
 _installed = False
 
@@ -132,6 +132,7 @@ class _ConvertingAPIs:
     def convert_version(self, model: ir.Model, target_version: int) -> ir.Model:
         check_loop_types(model.graph, target_version)
         ir.passes.common.InlinePass()(model)
+        _empty_loops.shape_empty_loop_outputs(model)
         if _options.current().hoist_loop_invariants:
             _hoist.hoist_loop_invariants(model, opset=target_version)
         if target_version >= _opsets.TORCH_BUILD_OPSET:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from torchscan.onnx._empty_loops import MAY_RUN_NO_ITERATION
+
 
 def _recorder():
     from torchscan import _compat
@@ -330,5 +332,8 @@ def loop_to_onnx(
         num_outputs=len(outputs),
         version=recorder.opset.version,
     )
+    if len(outputs) > len(carries) and not (isinstance(trip_count, int) and trip_count >= 1):
+        # Its scan outputs need their shapes after no iteration (see _empty_loops).
+        node.meta[MAY_RUN_NO_ITERATION] = True
     recorder.nodes.append(node)
     return node.outputs
