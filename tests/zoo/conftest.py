@@ -1,0 +1,35 @@
+"""Each test file of the zoo names its cases in ``NAMES``; the shared test functions of
+``_harness`` are parametrized over them, and over the opsets where they export."""
+
+from __future__ import annotations
+
+import pytest
+
+from ._cases import CASES
+from ._harness import OPSETS
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    names = getattr(metafunc.module, "NAMES", None)
+    if names is None or "zoo_case" not in metafunc.fixturenames:
+        return
+    if metafunc.function.__name__ == "test_eager_gradients_match_oracle":
+        names = [name for name in names if CASES[name].grad_inputs or _has_parameters(name)]
+    if "opset" not in metafunc.fixturenames:
+        metafunc.parametrize("zoo_case", names)
+        return
+    # (case, opset, test) -> why that point cannot pass there: the file tests that error instead.
+    outside = getattr(metafunc.module, "OUTSIDE_TORCHSCAN", {})
+    pairs = [
+        (name, opset)
+        for name in names
+        for opset in OPSETS
+        if (name, opset, metafunc.function.__name__) not in outside
+    ]
+    metafunc.parametrize(("zoo_case", "opset"), pairs, ids=[f"{n}-{o}" for n, o in pairs])
+
+
+def _has_parameters(name: str) -> bool:
+    from ._harness import module_of
+
+    return any(True for _ in module_of(name).parameters())
