@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ import onnx
 import torch
 import torch.utils._pytree as pytree
 
+from torchscan import TorchscanWarning
 from torchscan._cli import main as torchscan_main
 
 from .._export import onnx_export
@@ -38,6 +40,7 @@ CALL_BODIES = ("torchscan_scan_body", "torchscan_loop_body")
 GRAD_ATOL, GRAD_RTOL = 1e-4, 1e-3
 
 _exports: dict[tuple[str, int, int], onnx.ModelProto | Exception] = {}
+_warned: dict[tuple[str, int, int], list[str]] = {}
 _modules: dict[str, torch.nn.Module] = {}
 
 
@@ -54,21 +57,34 @@ def exported(name: str, opset: int, length: int | None = None) -> onnx.ModelProt
     length = case.export_length if length is None else length
     key = (name, opset, length)
     if key not in _exports:
-        try:
-            program = onnx_export(
-                module_of(name),
-                case.inputs(length),
-                dynamo=True,
-                opset_version=opset,
-                dynamic_shapes=case.dynamic_shapes(),
-            )
-            _exports[key] = program.model_proto
-        except Exception as error:  # re-raised by every test that needs this export
-            _exports[key] = error
+        # torchscan's warnings are kept for the tests that look at them (see ``warned``).
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TorchscanWarning)
+            try:
+                program = onnx_export(
+                    module_of(name),
+                    case.inputs(length),
+                    dynamo=True,
+                    opset_version=opset,
+                    dynamic_shapes=case.dynamic_shapes(),
+                )
+                _exports[key] = program.model_proto
+            except Exception as error:  # re-raised by every test that needs this export
+                _exports[key] = error
+        _warned[key] = [str(w.message) for w in caught if w.category is TorchscanWarning]
+        for other in caught:
+            if other.category is not TorchscanWarning:
+                warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     result = _exports[key]
     if isinstance(result, Exception):
         raise result
     return result
+
+
+def warned(name: str, opset: int) -> list[str]:
+    """torchscan's warnings from the export of case ``name`` at ``opset``."""
+    exported(name, opset)
+    return _warned[name, opset, CASES[name].export_length]
 
 
 def tensors(tree: object) -> list[torch.Tensor]:
@@ -96,9 +112,13 @@ def run(case: ZooCase, module: torch.nn.Module, inputs: tuple, oracle: bool = Fa
 
 
 def feeds(module: torch.nn.Module, model: onnx.ModelProto, inputs: tuple) -> dict:
-    """The model's inputs by name, matched to ``forward``'s parameters."""
+    """The model's inputs by name: matched to ``forward``'s parameters by name, else by position
+    (torch.onnx lower-cases some names: ``X`` becomes ``x``)."""
     by_name = dict(zip(inspect.signature(module.forward).parameters, inputs, strict=False))
-    return {i.name: by_name[i.name].detach().numpy() for i in model.graph.input}
+    return {
+        info.name: (by_name[info.name] if info.name in by_name else inputs[i]).detach().numpy()
+        for i, info in enumerate(model.graph.input)
+    }
 
 
 # -- 1. eager = oracle -------------------------------------------------------------------------
@@ -154,6 +174,8 @@ def test_export_has_one_loop_node_per_call(zoo_case: str, opset: int) -> None:
             body = next(a.g for a in node.attribute if a.name == "body")
             calls[node.op_type] += body.name.startswith(CALL_BODIES)
     assert calls == {"Scan": 0, "Loop": 0, **CASES[zoo_case].loops}
+    if not CASES[zoo_case].random:
+        assert warned(zoo_case, opset) == []
 
 
 def test_export_is_not_unrolled(zoo_case: str) -> None:
