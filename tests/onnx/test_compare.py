@@ -410,7 +410,11 @@ def test_onnxruntime_does_not_run_int4() -> None:
     }
     assert report.summary() == (
         "OK: 1 Scan/Loop node checked, no findings; too few sources ran the model to compare "
-        "outputs"
+        "outputs: only reference ran (onnxruntime: not supported by that runtime)"
+    )
+    assert (
+        "onnxruntime: not supported by that runtime: onnxruntime has no CPU kernels for int4"
+        in str(report).splitlines()
     )
 
 

@@ -282,7 +282,7 @@ def _attempt(run: Callable[[], list[Any]]) -> list[Any] | BaseException:
 
 def _failed(source: str, against: str, error: BaseException, empty: bool) -> Comparison:
     reason = _one_line(error)
-    if isinstance(error, _Unsupported) or _says_unsupported(source, error):
+    if isinstance(error, _Unsupported) or _runtime_lacks(source, error):
         return Comparison(source, against, UNSUPPORTED, reason)
     if empty and source in RUNTIMES:
         # Both runtimes fail on zero-length scans, which the specification allows.
@@ -292,14 +292,31 @@ def _failed(source: str, against: str, error: BaseException, empty: bool) -> Com
     return Comparison(source, against, ERROR, reason)
 
 
-def _says_unsupported(source: str, error: BaseException) -> bool:
-    """Whether a runtime's error says that it lacks a feature, rather than that the model is
-    wrong: onnxruntime's NOT_IMPLEMENTED status, onnx.reference's "not implemented"."""
-    name = getattr(error, "child_type", type(error).__name__)
-    if name in ("NotImplementedError", "NotImplemented"):
-        return True
-    said = re.search(r"not (implemented|supported)", str(error), re.IGNORECASE)
-    return source == "reference" and bool(said)
+_REFERENCE_LACKS = re.compile(r"\b(not implemented|not supported|unsupported)\b", re.IGNORECASE)
+
+
+def _runtime_lacks(source: str, error: BaseException) -> bool:
+    """Whether a runtime's error says that the runtime lacks something the model needs, rather
+    than that the model or its inputs are wrong (which is an error of the check).
+
+    onnxruntime: its status NOT_IMPLEMENTED (the exception ``NotImplemented``), which it gives
+    where it has no kernel for an operator's version or element type ("Could not find an
+    implementation for RandomNormalLike(22) node"); every other status (INVALID_GRAPH,
+    INVALID_ARGUMENT, FAIL, ...: an invalid model, shapes that do not fit) is the model's.
+    onnx.reference: ``NotImplementedError``, which it raises for an operator or a node of another
+    domain it has no implementation of, and for attribute values it does not implement (but not
+    for an operator that ONNX does not have: "No registered schema for operator"), and a plain
+    ``RuntimeError`` that says "not implemented" or "not supported" (as its Scan does for axes
+    other than 0); a ``ValueError``, ``TypeError`` or ``IndexError`` is the model's. An error of
+    eager PyTorch is never the runtime's: the module is the user's.
+    """
+    if source == "onnxruntime":
+        return getattr(error, "child_type", type(error).__name__) == "NotImplemented"
+    if source == "reference":
+        if isinstance(error, NotImplementedError):
+            return not str(error).startswith("No registered schema for operator")
+        return type(error) is RuntimeError and bool(_REFERENCE_LACKS.search(str(error)))
+    return False
 
 
 def _one_line(error: BaseException) -> str:

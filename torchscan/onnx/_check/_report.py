@@ -22,6 +22,8 @@ UNSUPPORTED = "unsupported"
 ERROR = "error"
 BASELINE = "baseline"
 _FAILING = (MISMATCH, ERROR)
+UNSUPPORTED_TEXT = "not supported by that runtime"
+"""How the text report says ``"unsupported"``: a runtime that does not run the model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,11 +164,8 @@ class CheckReport:
         """One line: whether the model passed, and why not."""
         failing = [c for c in self.comparisons if not c.ok]
         if self.ok:
-            ran = [c.source for c in self.comparisons if c.status in (OK, BASELINE)]
-            agreed = f"; outputs agree across {', '.join(ran)}" if len(ran) > 1 else ""
-            if self.comparisons and len(ran) < 2:
-                agreed = "; too few sources ran the model to compare outputs"
-            return f"OK: {_count(len(self.nodes), 'Scan/Loop node')} checked, no findings{agreed}"
+            nodes = _count(len(self.nodes), "Scan/Loop node")
+            return f"OK: {nodes} checked, no findings{_agreement(self.comparisons)}"
         parts = [_count(len(self.findings), "finding")] if self.findings else []
         parts += [f"{c.source} {c.status}" for c in failing]
         return "FAILED: " + ", ".join(parts)
@@ -178,6 +177,9 @@ class CheckReport:
             yield _findings_table(self.findings)
         if self.comparisons:
             yield _comparisons_table(self)
+        for c in self.comparisons:
+            if c.status in (UNSUPPORTED, ERROR):
+                yield Text(f"{c.source}: {_status_text(c.status, c.reason)}")
         for note in self.notes:
             yield Text(f"note: {note}", style="dim")
         yield Text(self.summary(), style="bold green" if self.ok else "bold red")
@@ -185,8 +187,25 @@ class CheckReport:
     def __str__(self) -> str:
         buffer = io.StringIO()
         console = Console(file=buffer, width=120, color_system=None, force_terminal=False)
-        console.print(self)
+        console.print(self, soft_wrap=True)  # lines of text unbroken, tables 120 wide
         return buffer.getvalue().rstrip() + "\n"
+
+
+def _agreement(comparisons: tuple[Comparison, ...]) -> str:
+    """What the comparisons of a passing report come to, for its summary: which sources agree,
+    or which ran and which did not, and why not in a word (the report's lines above say more)."""
+    if not comparisons:
+        return ""
+    ran = [c.source for c in comparisons if c.status in (OK, BASELINE)]
+    if len(ran) > 1:
+        return f"; outputs agree across {', '.join(ran)}"
+    others = [c for c in comparisons if c.source not in ran]
+    why = "; ".join(f"{c.source}: {_status_text(c.status, '')}" for c in others)
+    why = f" ({why})" if why else ""
+    return (
+        f"; too few sources ran the model to compare outputs: "
+        f"{f'only {ran[0]}' if ran else 'none'} ran{why}"
+    )
 
 
 def _count(n: int, what: str) -> str:
@@ -240,8 +259,8 @@ def _comparisons_table(report: CheckReport) -> Table:
     for column in ("source", "output", "shape", "max abs err", "max rel err", "result"):
         out.add_column(column, justify="right" if column.startswith("max") else "left")
     for c in report.comparisons:
-        if not c.outputs:
-            out.add_row(c.source, "", "", "", "", _status_text(c.status, c.reason))
+        if not c.outputs:  # the reason is on a line of its own, below the table
+            out.add_row(c.source, "", "", "", "", _status_text(c.status, ""))
         for o in c.outputs:
             result = c.status if c.status == BASELINE else (OK if o.ok else MISMATCH)
             note = f": {o.note}" if o.note else ""
@@ -257,5 +276,5 @@ def _comparisons_table(report: CheckReport) -> Table:
 
 
 def _status_text(status: str, reason: str) -> str:
-    label = {UNSUPPORTED: "not supported by this runtime"}.get(status, status)
+    label = {UNSUPPORTED: UNSUPPORTED_TEXT}.get(status, status)
     return f"{label}: {reason}" if reason else label
