@@ -458,6 +458,7 @@ def test_the_report_renders_as_tables_and_as_json() -> None:
         "max_rel": 0.0,
         "ok": True,
         "note": "",
+        "not_compared": "",
     }
 
 

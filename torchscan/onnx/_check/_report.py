@@ -22,6 +22,8 @@ UNSUPPORTED = "unsupported"
 ERROR = "error"
 BASELINE = "baseline"
 _FAILING = (MISMATCH, ERROR)
+RANDOM = "random"
+"""Why the values of an output are not compared: they depend on a random operator."""
 UNSUPPORTED_TEXT = "not supported by that runtime"
 """How the text report says ``"unsupported"``: a runtime that does not run the model."""
 
@@ -70,12 +72,16 @@ class OutputDiff:
       shape: the output's shape as text (``"(3, 2)"``, or ``"seq[2]"`` for a sequence).
       max_abs: the largest absolute difference, ``math.inf`` where values cannot be compared
         (a NaN on one side only, an infinity against a finite value), None where the shapes,
-        types or sequence lengths differ.
+        types or sequence lengths differ, or where the values are not compared.
       max_rel: the largest difference relative to the baseline's value, over the elements where
         that value is not zero (an element that differs from a zero counts as ``math.inf``).
       ok: whether every element ``a`` is within ``atol + rtol * |b|`` of the baseline's ``b``
         (NaNs in the same places agree), with the same shape and element type.
       note: why the output does not agree, where it is not a matter of tolerance.
+      not_compared: why its values were not compared, or ``""`` where they were: ``"random"``
+        for an output that depends on a random operator (``RandomNormal``, ``Bernoulli``, ...,
+        or a ``Scan``, ``Loop`` or ``If`` whose body holds one), whose values no two sources
+        draw alike; ``ok`` then says whether its shape and element type agree.
     """
 
     name: str
@@ -84,6 +90,7 @@ class OutputDiff:
     max_rel: float | None
     ok: bool
     note: str = ""
+    not_compared: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +205,16 @@ def _agreement(comparisons: tuple[Comparison, ...]) -> str:
         return ""
     ran = [c.source for c in comparisons if c.status in (OK, BASELINE)]
     if len(ran) > 1:
-        return f"; outputs agree across {', '.join(ran)}"
+        outputs = [o for c in comparisons if c.status == OK for o in c.outputs]
+        random = list(dict.fromkeys(o.name for o in outputs if o.not_compared == RANDOM))
+        if not random:
+            return f"; outputs agree across {', '.join(ran)}"
+        every = set(random) == {o.name for o in outputs}
+        agree = "shapes and element types" if every else "outputs"
+        return (
+            f"; {agree} agree across {', '.join(ran)}; values not compared: random "
+            f"({', '.join(random)})"
+        )
     others = [c for c in comparisons if c.source not in ran]
     why = "; ".join(f"{c.source}: {_status_text(c.status, '')}" for c in others)
     why = f" ({why})" if why else ""
@@ -263,6 +279,8 @@ def _comparisons_table(report: CheckReport) -> Table:
             out.add_row(c.source, "", "", "", "", _status_text(c.status, ""))
         for o in c.outputs:
             result = c.status if c.status == BASELINE else (OK if o.ok else MISMATCH)
+            if o.not_compared and result == OK:
+                result = f"not compared: {o.not_compared}"
             note = f": {o.note}" if o.note else ""
             out.add_row(
                 c.source,
