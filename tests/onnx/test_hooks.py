@@ -95,6 +95,29 @@ def test_export_kept_from_before_the_import_converts_a_model_without_a_scan() ->
     assert out.strip() == "[13]"
 
 
+def test_the_first_export_installs_the_hooks_once() -> None:
+    """The wrapper installs the hooks, whose first step imports torch.onnx's exporter, which runs
+    torchscan's import hook, which installs them too: once only, not wrapped in themselves."""
+    out = run_python(
+        """
+        import logging
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        import torch, torchscan
+
+        class M(torch.nn.Module):
+            def forward(self, xs, h):
+                return torchscan.scan(lambda c, x: (c + x, c), h, xs)
+
+        torch.onnx.export(M(), (torch.ones(3, 2), torch.zeros(2)), dynamo=True, verbose=False)
+        import torch.onnx._internal.exporter._core as core
+        from torch.onnx._internal.exporter import _registration
+        print(type(core.onnxscript_apis._apis).__name__)
+        print(hasattr(_registration.ONNXRegistry.get_decomps.__wrapped__, "__wrapped__"))
+        """
+    )
+    assert out.split("\n")[:2] == ["_LazyModule", "False"]
+
+
 def test_the_hooks_are_installed_at_import_when_torch_onnx_exporter_is_loaded() -> None:
     out = run_python(
         """

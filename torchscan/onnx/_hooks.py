@@ -53,13 +53,19 @@ def install() -> None:
         return
     from torchscan import _compat
 
-    registration, core = _compat.onnx_registration(), _compat.onnx_core()
+    registration, core, program = (
+        _compat.onnx_registration(),
+        _compat.onnx_core(),
+        _compat.onnx_program(),
+    )
+    if _installed:
+        # Importing torch.onnx's exporter just now ran torchscan's import hook, which installed
+        # the hooks: a second install would wrap them in themselves.
+        return
     registration.ONNXRegistry.get_decomps = _with_translations(
         registration.ONNXRegistry.get_decomps, translations(), registration.OnnxDecompMeta
     )
-    core.onnxscript_apis = _compat.onnx_program().onnxscript_apis = _ConvertingAPIs(
-        core.onnxscript_apis
-    )
+    core.onnxscript_apis = program.onnxscript_apis = _ConvertingAPIs(core.onnxscript_apis)
     logging.getLogger(_compat.ONNX_OPSET_WARNING[0]).addFilter(_drop_stale_warning)
     logging.getLogger(_compat.ONNX_SIGNATURE_WARNING[0]).addFilter(_drop_signature_warning)
     _installed = True
