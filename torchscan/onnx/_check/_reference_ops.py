@@ -11,6 +11,8 @@ import functools
 
 import numpy as np
 
+from torchscan._errors import TorchscanValueError
+
 
 @functools.cache
 def log_sum_exp() -> type:
@@ -62,14 +64,14 @@ def gather_elements() -> type:
         def _run(self, data, indices, axis=None):
             axis = 0 if axis is None else int(axis)
             if indices.ndim != data.ndim or not -data.ndim <= axis < data.ndim:
-                raise ValueError(
+                raise TorchscanValueError(
                     f"GatherElements: indices of rank {indices.ndim} and axis {axis} do not fit "
                     f"data of rank {data.ndim}"
                 )
             axis %= data.ndim
             for d, (n, size) in enumerate(zip(indices.shape, data.shape, strict=True)):
                 if d != axis and n > size:
-                    raise ValueError(
+                    raise TorchscanValueError(
                         f"GatherElements: indices have {n} entries on axis {d}, where data has "
                         f"{size}"
                     )
