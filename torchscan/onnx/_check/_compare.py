@@ -315,8 +315,9 @@ _REFERENCE_LACKS = re.compile(r"\b(not implemented|not supported|unsupported)\b"
 
 
 def _runtime_lacks(source: str, error: BaseException) -> bool:
-    """Whether a runtime's error says that the runtime lacks something the model needs, rather
-    than that the model or its inputs are wrong (which is an error of the check).
+    """Whether a runtime's error says that the runtime lacks something the model needs (not
+    supported, no failure), rather than that the model or its inputs are wrong (an error, which
+    fails the check).
 
     onnxruntime: its status NOT_IMPLEMENTED (the exception ``NotImplemented``), which it gives
     where it has no kernel for an operator's version or element type ("Could not find an
