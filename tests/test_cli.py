@@ -107,11 +107,15 @@ def test_a_model_with_findings_is_run_and_exits_1(files: Path) -> None:
         "is [-r, r-1] where r ="
     ) in lines
     assert "Outputs (none computed)" in lines
-    assert any(line.startswith("onnxruntime │ │ │ │ │ error: [ONNXRuntimeError]") for line in lines)
-    assert any(
-        line.startswith("reference │ │ │ │ │ not supported by this runtime:") for line in lines
-    )
-    assert lines[-1] == "FAILED: 1 finding, onnxruntime error"
+    assert "onnxruntime │ │ │ │ │ error" in lines
+    assert "reference │ │ │ │ │ not supported by that runtime" in lines
+    assert lines[-3:] == [
+        "onnxruntime: error: [ONNXRuntimeError] : 1 : FAIL : Node () Op (Scan) "
+        "[ShapeInferenceError] scan_input_axes axis value 5 is invalid for a tensor of rank 2",
+        "reference: not supported by that runtime: onnx.reference runs Scan only along axis 0, "
+        "forward (scan_input_axes)",
+        "FAILED: 1 finding, onnxruntime error",
+    ]
 
 
 def test_a_loop_that_never_ends_is_reported_and_not_run(files: Path) -> None:
@@ -313,3 +317,37 @@ def test_running_out_of_memory_is_one_line_and_exits_2(monkeypatch, capsys) -> N
         "torchscan check: error: out of memory reading or running the model; give dynamic "
         "dimensions smaller sizes with --dim NAME=SIZE\n"
     )
+
+
+def test_a_model_that_draws_noise_exits_0_with_its_random_output_not_compared(
+    tmp_path: Path,
+) -> None:
+    from .onnx.test_check_random import noisy_scan
+
+    onnx.save(noisy_scan(opset=18), tmp_path / "noisy.onnx")
+    done = torchscan("check", "noisy.onnx", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [" ".join(line.strip("│ ").split()) for line in done.stdout.splitlines()]
+    assert "reference │ ys │ (3, 2) │ - │ - │ not compared: random" in rows
+    assert "reference │ total │ () │ 0 │ 0 │ ok" in rows
+    assert done.stdout.splitlines()[-1] == (
+        "OK: 1 Scan/Loop node checked, no findings; outputs agree across onnxruntime, reference; "
+        "values not compared: random (ys, shifted)"
+    )
+
+
+def test_a_model_that_no_runtime_runs_exits_0_and_says_why(tmp_path: Path) -> None:
+    from .onnx.test_check_random import noisy_scan
+
+    onnx.save(noisy_scan(opset=22, reverse=True), tmp_path / "noisy.onnx")
+    done = torchscan("check", "noisy.onnx", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-3:] == [
+        "onnxruntime: not supported by that runtime: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : "
+        "Could not find an implementation for RandomNormalLike(22) node with name 'noise'",
+        "reference: not supported by that runtime: onnx.reference runs Scan only along axis 0, "
+        "forward (scan_input_directions)",
+        "OK: 1 Scan/Loop node checked, no findings; too few sources ran the model to compare "
+        "outputs: none ran (onnxruntime: not supported by that runtime; reference: not supported "
+        "by that runtime)",
+    ]

@@ -5,6 +5,7 @@ from torchscan._errors import ExportError as ExportError
 from torchscan._errors import TorchscanError as TorchscanError
 from torchscan._errors import TorchscanTypeError as TorchscanTypeError
 from torchscan._errors import TorchscanValueError as TorchscanValueError
+from torchscan._errors import TorchscanWarning as TorchscanWarning
 from torchscan._loop import loop as loop
 from torchscan._scan import scan as scan
 from torchscan._steps import Until as Until
@@ -15,6 +16,7 @@ __all__ = [
     "TorchscanError",
     "TorchscanTypeError",
     "TorchscanValueError",
+    "TorchscanWarning",
     "Until",
     "loop",
     "scan",

@@ -123,4 +123,4 @@ def _print(report: object) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)  # a pipe or a file: wide enough for the tables
-    console.print(report)
+    console.print(report, soft_wrap=True)  # a line of text, as a runtime's reason, stays one

@@ -7,11 +7,20 @@ for a loop that runs eagerly but cannot be exported as asked. Code that expects 
 working; code that wants to tell torchscan's refusals from errors of its own function or of torch
 catches ``TorchscanError``. Every message starts with the function that refused (``torchscan.scan:
 ...``), names the offending leaf by its pytree path (``carry['h']``, ``xs[1]``) and says what to do.
+
+Every warning torchscan gives itself is a :class:`TorchscanWarning`, a ``UserWarning``: an export
+that succeeds, but whose model will not run where users are likely to run it.
 """
 
 from __future__ import annotations
 
-__all__ = ["ExportError", "TorchscanError", "TorchscanTypeError", "TorchscanValueError"]
+__all__ = [
+    "ExportError",
+    "TorchscanError",
+    "TorchscanTypeError",
+    "TorchscanValueError",
+    "TorchscanWarning",
+]
 
 
 class TorchscanError(Exception):
@@ -38,5 +47,12 @@ class TorchscanValueError(TorchscanError, ValueError):
 class ExportError(TorchscanError, NotImplementedError):
     """A loop that runs eagerly but cannot be exported as asked; the message says why and what
     to do instead."""
+
+    __module__ = "torchscan"
+
+
+class TorchscanWarning(UserWarning):
+    """The base class of every warning torchscan gives itself: an export that succeeds, but whose
+    model a common runtime will not run as it is (the message says which, and what to do)."""
 
     __module__ = "torchscan"

@@ -410,7 +410,11 @@ def test_onnxruntime_does_not_run_int4() -> None:
     }
     assert report.summary() == (
         "OK: 1 Scan/Loop node checked, no findings; too few sources ran the model to compare "
-        "outputs"
+        "outputs: only reference ran (onnxruntime: not supported by that runtime)"
+    )
+    assert (
+        "onnxruntime: not supported by that runtime: onnxruntime has no CPU kernels for int4"
+        in str(report).splitlines()
     )
 
 
@@ -454,6 +458,7 @@ def test_the_report_renders_as_tables_and_as_json() -> None:
         "max_rel": 0.0,
         "ok": True,
         "note": "",
+        "not_compared": "",
     }
 
 

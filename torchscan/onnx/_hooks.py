@@ -14,14 +14,17 @@ own table, whose entries win). Two private extension points of torch.onnx are us
   ``_onnx_program``): torchscan checks every Scan and Loop against the rules of the opset asked
   for, moves loop-invariant work out of their bodies before the optimizer runs, and converts
   models below opset 18 itself, Scan and Loop bodies included, where torch.onnx would keep
-  opset 18. A pass over the finished ``ONNXProgram.model`` would come after the optimizer, and
-  after torch.onnx has written the file the user asked for.
+  opset 18, and warns where the converted model holds an operator version that onnxruntime has
+  no kernel for (:func:`warn_onnxruntime_gaps`). A pass over the finished ``ONNXProgram.model``
+  would come after the optimizer, and after torch.onnx has written the file the user asked for.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,13 +56,19 @@ def install() -> None:
         return
     from torchscan import _compat
 
-    registration, core = _compat.onnx_registration(), _compat.onnx_core()
+    registration, core, program = (
+        _compat.onnx_registration(),
+        _compat.onnx_core(),
+        _compat.onnx_program(),
+    )
+    if _installed:
+        # Importing torch.onnx's exporter just now ran torchscan's import hook, which installed
+        # the hooks: a second install would wrap them in themselves.
+        return
     registration.ONNXRegistry.get_decomps = _with_translations(
         registration.ONNXRegistry.get_decomps, translations(), registration.OnnxDecompMeta
     )
-    core.onnxscript_apis = _compat.onnx_program().onnxscript_apis = _ConvertingAPIs(
-        core.onnxscript_apis
-    )
+    core.onnxscript_apis = program.onnxscript_apis = _ConvertingAPIs(core.onnxscript_apis)
     logging.getLogger(_compat.ONNX_OPSET_WARNING[0]).addFilter(_drop_stale_warning)
     logging.getLogger(_compat.ONNX_SIGNATURE_WARNING[0]).addFilter(_drop_signature_warning)
     _installed = True
@@ -130,6 +139,11 @@ class _ConvertingAPIs:
         return getattr(self._apis, name)
 
     def convert_version(self, model: ir.Model, target_version: int) -> ir.Model:
+        converted = self._convert_version(model, target_version)
+        warn_onnxruntime_gaps(converted)
+        return converted
+
+    def _convert_version(self, model: ir.Model, target_version: int) -> ir.Model:
         check_loop_types(model.graph, target_version)
         ir.passes.common.InlinePass()(model)
         _empty_loops.shape_empty_loop_outputs(model)
@@ -161,6 +175,74 @@ class _ConvertingAPIs:
         if model.meta.get(self._CONVERTED):
             return model
         return self._apis.optimize(model)
+
+
+ONNXRUNTIME_MISSING_KERNELS = {
+    "RandomNormal": 22,
+    "RandomNormalLike": 22,
+    "RandomUniform": 22,
+    "RandomUniformLike": 22,
+    "Bernoulli": 22,
+    "Multinomial": 22,
+}
+"""Operators of the default domain that onnxruntime 1.32's CPU provider has no kernel for from
+the version given on (its status NOT_IMPLEMENTED, "Could not find an implementation for
+RandomNormalLike(22) node"), though it runs the versions before (Bernoulli-22 through its
+function, a RandomUniformLike-22)."""
+ONNXRUNTIME_CHECKED = "1.32"
+
+
+def warn_onnxruntime_gaps(model: ir.Model) -> None:
+    """Warn (:class:`~torchscan.TorchscanWarning`) where ``model`` holds, at any depth, a node
+    of an operator version that onnxruntime has no kernel for
+    (:data:`ONNXRUNTIME_MISSING_KERNELS`), naming the versions, the nodes and the opset to
+    export at instead."""
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    if opset is None:
+        return
+    found: dict[str, list[str]] = {}
+    for graph in [model.graph, *model.functions.values()]:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            since = ONNXRUNTIME_MISSING_KERNELS.get(node.op_type)
+            if since is not None and _ir.is_default_domain(node.domain) and opset >= since:
+                name = repr(node.name) if node.name else "without a name"
+                found.setdefault(node.op_type, []).append(name)
+    if not found:
+        return
+    import onnx.defs
+
+    from torchscan._errors import TorchscanWarning
+
+    held = [
+        f"{op}-{onnx.defs.get_schema(op, opset, '').since_version} "
+        f"(node{'s' if len(names) > 1 else ''} {', '.join(names)})"
+        for op, names in found.items()
+    ]
+    below = min(ONNXRUNTIME_MISSING_KERNELS[op] for op in found) - 1
+    warnings.warn(
+        f"torchscan: the model holds {_listing(held)} at opset {opset}, and onnxruntime "
+        f"{ONNXRUNTIME_CHECKED} has no kernel for {'them' if len(held) > 1 else 'it'}: it "
+        f"refuses to run the model (NOT_IMPLEMENTED). To run it in onnxruntime "
+        f"{ONNXRUNTIME_CHECKED}, export with opset_version={below} or lower.",
+        TorchscanWarning,
+        stacklevel=_stacklevel_outside_the_export(),
+    )
+
+
+def _listing(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _stacklevel_outside_the_export() -> int:
+    """The ``stacklevel`` of the first frame of the caller's that is not torch's, onnxscript's,
+    onnx_ir's or torchscan's: where the user called the export, for the warning to name."""
+    level, frame = 2, sys._getframe(2)  # the caller of this function's caller
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.partition(".")[0] not in ("torch", "torchscan", "onnxscript", "onnx_ir"):
+            return level
+        level, frame = level + 1, frame.f_back
+    return 2
 
 
 def check_leaf_types(

@@ -30,11 +30,13 @@ from torchscan.onnx._check._inputs import (
 )
 from torchscan.onnx._check._load import _check_readable, load_model
 from torchscan.onnx._check._random import SEED, random_inputs
+from torchscan.onnx._check._random_ops import random_outputs
 from torchscan.onnx._check._report import (
     BASELINE,
     ERROR,
     MISMATCH,
     OK,
+    RANDOM,
     UNSUPPORTED,
     CheckReport,
     Comparison,
@@ -71,9 +73,14 @@ def check(
     (or the ``output_*.pb`` files next to the inputs) where given, else PyTorch's outputs, else
     the first runtime that ran. An output agrees when every element ``a`` is within
     ``atol + rtol * |b|`` of the baseline's ``b`` (NaNs where the baseline has NaNs), with the
-    same shape and element type. A runtime that does not run a model (onnx's reference evaluator
-    on Scan-8, on a Scan along an axis other than 0 or in reverse; onnxruntime on 4-bit and 2-bit
-    types; either on a zero-length scan) is reported as not supported, which is not a failure.
+    same shape and element type. An output that depends on a random operator (``RandomNormal``,
+    ``RandomNormalLike``, ``RandomUniform``, ``RandomUniformLike``, ``Bernoulli``,
+    ``Multinomial``, at any depth) agrees when its shape and element type do: its values are not
+    compared (``not_compared="random"``), as no two sources draw the same numbers. A runtime that
+    does not run a model (onnx's reference evaluator on Scan-8, on a Scan along an axis other
+    than 0 or in reverse, or on an operator it does not implement; onnxruntime where it has no
+    kernel, its status NOT_IMPLEMENTED, and on 4-bit and 2-bit types; either on a zero-length
+    scan) is reported as not supported, which is not a failure; any other error of a runtime is.
 
     The inputs are, in this order of preference: ``inputs``; the tensors among ``args`` (as
     ``torch.onnx.export`` flattens them) when a module is given; random values built from the
@@ -137,6 +144,7 @@ def check(
             f"so no runtime could finish it",
         )
     elif runtimes or module is not None:
+        random = random_outputs(proto)
         comparisons = compare(
             proto,
             feeds,
@@ -147,7 +155,14 @@ def check(
             rtol=rtol,
             runtimes=runtimes,
             isolate=bool(linted.findings),
+            random=random,
         )
+        if any(c.status in (OK, MISMATCH) for c in comparisons):
+            notes += tuple(
+                f"{name}: not compared: {RANDOM}: its values depend on {op}, which no two "
+                f"sources draw alike; its shape and element type are compared"
+                for name, op in random.items()
+            )
     return CheckReport(
         model=label,
         opset=linted.opset,
@@ -227,6 +242,7 @@ def compare(
     rtol: float = DEFAULT_RTOL,
     runtimes: Sequence[str] = RUNTIMES,
     isolate: bool = False,
+    random: Mapping[str, str] | None = None,
 ) -> tuple[Comparison, ...]:
     """Run ``model`` in ``runtimes`` (and ``module(*args)``) and hold each against a baseline.
 
@@ -240,11 +256,14 @@ def compare(
       rtol: the relative tolerance.
       runtimes: the runtimes to run, among :data:`RUNTIMES`.
       isolate: run onnxruntime in a child process even where the inputs seem safe.
+      random: the outputs that depend on a random operator, whose values are not compared (their
+        shapes and element types are); by default, as :func:`random_outputs` finds them.
 
     Returns:
       One :class:`Comparison` per source, the baseline first.
     """
     names = [o.name for o in model.graph.output]
+    random = random_outputs(model) if random is None else random
     results: dict[str, list[Any] | BaseException] = {}
     if expected is not None:
         results["expected"] = expected
@@ -261,12 +280,12 @@ def compare(
             comparisons.append(_failed(source, baseline or "", result, empty))
         elif source == baseline:
             diffs = tuple(
-                OutputDiff(n, _shape_text(v), None, None, True)
+                OutputDiff(n, _shape_text(v), None, None, True, "", RANDOM if n in random else "")
                 for n, v in _named_outputs(names, result)
             )
             comparisons.append(Comparison(source, source, BASELINE, "", diffs))
         else:
-            diffs = _diff_all(names, result, results[baseline], atol, rtol)
+            diffs = _diff_all(names, result, results[baseline], atol, rtol, random)
             status = OK if all(d.ok for d in diffs) else MISMATCH
             comparisons.append(Comparison(source, baseline, status, "", diffs))
     comparisons.sort(key=lambda c: c.status != BASELINE)
@@ -282,7 +301,7 @@ def _attempt(run: Callable[[], list[Any]]) -> list[Any] | BaseException:
 
 def _failed(source: str, against: str, error: BaseException, empty: bool) -> Comparison:
     reason = _one_line(error)
-    if isinstance(error, _Unsupported) or _says_unsupported(source, error):
+    if isinstance(error, _Unsupported) or _runtime_lacks(source, error):
         return Comparison(source, against, UNSUPPORTED, reason)
     if empty and source in RUNTIMES:
         # Both runtimes fail on zero-length scans, which the specification allows.
@@ -292,14 +311,32 @@ def _failed(source: str, against: str, error: BaseException, empty: bool) -> Com
     return Comparison(source, against, ERROR, reason)
 
 
-def _says_unsupported(source: str, error: BaseException) -> bool:
-    """Whether a runtime's error says that it lacks a feature, rather than that the model is
-    wrong: onnxruntime's NOT_IMPLEMENTED status, onnx.reference's "not implemented"."""
-    name = getattr(error, "child_type", type(error).__name__)
-    if name in ("NotImplementedError", "NotImplemented"):
-        return True
-    said = re.search(r"not (implemented|supported)", str(error), re.IGNORECASE)
-    return source == "reference" and bool(said)
+_REFERENCE_LACKS = re.compile(r"\b(not implemented|not supported|unsupported)\b", re.IGNORECASE)
+
+
+def _runtime_lacks(source: str, error: BaseException) -> bool:
+    """Whether a runtime's error says that the runtime lacks something the model needs (not
+    supported, no failure), rather than that the model or its inputs are wrong (an error, which
+    fails the check).
+
+    onnxruntime: its status NOT_IMPLEMENTED (the exception ``NotImplemented``), which it gives
+    where it has no kernel for an operator's version or element type ("Could not find an
+    implementation for RandomNormalLike(22) node"); every other status (INVALID_GRAPH,
+    INVALID_ARGUMENT, FAIL, ...: an invalid model, shapes that do not fit) is the model's.
+    onnx.reference: ``NotImplementedError``, which it raises for an operator or a node of another
+    domain it has no implementation of, and for attribute values it does not implement (but not
+    for an operator that ONNX does not have: "No registered schema for operator"), and a plain
+    ``RuntimeError`` that says "not implemented" or "not supported" (as its Scan does for axes
+    other than 0); a ``ValueError``, ``TypeError`` or ``IndexError`` is the model's. An error of
+    eager PyTorch is never the runtime's: the module is the user's.
+    """
+    if source == "onnxruntime":
+        return getattr(error, "child_type", type(error).__name__) == "NotImplemented"
+    if source == "reference":
+        if isinstance(error, NotImplementedError):
+            return not str(error).startswith("No registered schema for operator")
+        return type(error) is RuntimeError and bool(_REFERENCE_LACKS.search(str(error)))
+    return False
 
 
 def _one_line(error: BaseException) -> str:

@@ -22,6 +22,10 @@ UNSUPPORTED = "unsupported"
 ERROR = "error"
 BASELINE = "baseline"
 _FAILING = (MISMATCH, ERROR)
+RANDOM = "random"
+"""Why the values of an output are not compared: they depend on a random operator."""
+UNSUPPORTED_TEXT = "not supported by that runtime"
+"""How the text report says ``"unsupported"``: a runtime that does not run the model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,12 +72,16 @@ class OutputDiff:
       shape: the output's shape as text (``"(3, 2)"``, or ``"seq[2]"`` for a sequence).
       max_abs: the largest absolute difference, ``math.inf`` where values cannot be compared
         (a NaN on one side only, an infinity against a finite value), None where the shapes,
-        types or sequence lengths differ.
+        types or sequence lengths differ, or where the values are not compared.
       max_rel: the largest difference relative to the baseline's value, over the elements where
         that value is not zero (an element that differs from a zero counts as ``math.inf``).
       ok: whether every element ``a`` is within ``atol + rtol * |b|`` of the baseline's ``b``
         (NaNs in the same places agree), with the same shape and element type.
       note: why the output does not agree, where it is not a matter of tolerance.
+      not_compared: why its values were not compared, or ``""`` where they were: ``"random"``
+        for an output that depends on a random operator (``RandomNormal``, ``Bernoulli``, ...,
+        or a ``Scan``, ``Loop`` or ``If`` whose body holds one), whose values no two sources
+        draw alike; ``ok`` then says whether its shape and element type agree.
     """
 
     name: str
@@ -82,6 +90,7 @@ class OutputDiff:
     max_rel: float | None
     ok: bool
     note: str = ""
+    not_compared: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,11 +171,8 @@ class CheckReport:
         """One line: whether the model passed, and why not."""
         failing = [c for c in self.comparisons if not c.ok]
         if self.ok:
-            ran = [c.source for c in self.comparisons if c.status in (OK, BASELINE)]
-            agreed = f"; outputs agree across {', '.join(ran)}" if len(ran) > 1 else ""
-            if self.comparisons and len(ran) < 2:
-                agreed = "; too few sources ran the model to compare outputs"
-            return f"OK: {_count(len(self.nodes), 'Scan/Loop node')} checked, no findings{agreed}"
+            nodes = _count(len(self.nodes), "Scan/Loop node")
+            return f"OK: {nodes} checked, no findings{_agreement(self.comparisons)}"
         parts = [_count(len(self.findings), "finding")] if self.findings else []
         parts += [f"{c.source} {c.status}" for c in failing]
         return "FAILED: " + ", ".join(parts)
@@ -178,6 +184,9 @@ class CheckReport:
             yield _findings_table(self.findings)
         if self.comparisons:
             yield _comparisons_table(self)
+        for c in self.comparisons:
+            if c.status in (UNSUPPORTED, ERROR):
+                yield Text(f"{c.source}: {_status_text(c.status, c.reason)}")
         for note in self.notes:
             yield Text(f"note: {note}", style="dim")
         yield Text(self.summary(), style="bold green" if self.ok else "bold red")
@@ -185,8 +194,34 @@ class CheckReport:
     def __str__(self) -> str:
         buffer = io.StringIO()
         console = Console(file=buffer, width=120, color_system=None, force_terminal=False)
-        console.print(self)
+        console.print(self, soft_wrap=True)  # lines of text unbroken, tables 120 wide
         return buffer.getvalue().rstrip() + "\n"
+
+
+def _agreement(comparisons: tuple[Comparison, ...]) -> str:
+    """What the comparisons of a passing report come to, for its summary: which sources agree,
+    or which ran and which did not, and why not in a word (the report's lines above say more)."""
+    if not comparisons:
+        return ""
+    ran = [c.source for c in comparisons if c.status in (OK, BASELINE)]
+    if len(ran) > 1:
+        outputs = [o for c in comparisons if c.status == OK for o in c.outputs]
+        random = list(dict.fromkeys(o.name for o in outputs if o.not_compared == RANDOM))
+        if not random:
+            return f"; outputs agree across {', '.join(ran)}"
+        every = set(random) == {o.name for o in outputs}
+        agree = "shapes and element types" if every else "outputs"
+        return (
+            f"; {agree} agree across {', '.join(ran)}; values not compared: random "
+            f"({', '.join(random)})"
+        )
+    others = [c for c in comparisons if c.source not in ran]
+    why = "; ".join(f"{c.source}: {_status_text(c.status, '')}" for c in others)
+    why = f" ({why})" if why else ""
+    return (
+        f"; too few sources ran the model to compare outputs: "
+        f"{f'only {ran[0]}' if ran else 'none'} ran{why}"
+    )
 
 
 def _count(n: int, what: str) -> str:
@@ -240,10 +275,12 @@ def _comparisons_table(report: CheckReport) -> Table:
     for column in ("source", "output", "shape", "max abs err", "max rel err", "result"):
         out.add_column(column, justify="right" if column.startswith("max") else "left")
     for c in report.comparisons:
-        if not c.outputs:
-            out.add_row(c.source, "", "", "", "", _status_text(c.status, c.reason))
+        if not c.outputs:  # the reason is on a line of its own, below the table
+            out.add_row(c.source, "", "", "", "", _status_text(c.status, ""))
         for o in c.outputs:
             result = c.status if c.status == BASELINE else (OK if o.ok else MISMATCH)
+            if o.not_compared and result == OK:
+                result = f"not compared: {o.not_compared}"
             note = f": {o.note}" if o.note else ""
             out.add_row(
                 c.source,
@@ -257,5 +294,5 @@ def _comparisons_table(report: CheckReport) -> Table:
 
 
 def _status_text(status: str, reason: str) -> str:
-    label = {UNSUPPORTED: "not supported by this runtime"}.get(status, status)
+    label = {UNSUPPORTED: UNSUPPORTED_TEXT}.get(status, status)
     return f"{label}: {reason}" if reason else label

@@ -1,9 +1,10 @@
 """The runtimes ``check`` runs a model in: onnxruntime's CPU provider, onnx's reference evaluator
-with a ``Loop`` that follows the specification (:func:`_spec_loop`), and eager PyTorch; a runtime
-that does not run a model raises :class:`_Unsupported`, which is not a failure. onnxruntime runs
-in this process, except where a crash is plausible: on inputs with an empty dimension (onnxruntime
-1.32 ends the process with SIGFPE on some zero-length scans) and on models the lint found fault
-with. There it runs in a child process, whose death is reported as an error.
+with a ``Loop``, a ``ReduceLogSumExp`` and a ``GatherElements`` that follow the specification
+(:func:`reference_ops`), and eager PyTorch; a runtime that does not run a model raises
+:class:`_Unsupported`, which is not a failure. onnxruntime runs in this process, except where a
+crash is plausible: on inputs with an empty dimension (onnxruntime 1.32 ends the process with
+SIGFPE on some zero-length scans) and on models the lint found fault with. There it runs in a
+child process, whose death is reported as an error.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import onnx
 from torchscan.onnx import _ir
 from torchscan.onnx._check import _lint
 from torchscan.onnx._check._inputs import _as_value
+from torchscan.onnx._check._reference_ops import gather_elements, log_sum_exp
 
 RUNTIMES = ("onnxruntime", "reference")
 """The ONNX runtimes ``check`` can run: onnxruntime's CPU provider, and
@@ -58,8 +60,15 @@ def _run_reference(model: onnx.ModelProto, feeds: dict[str, Any], _isolate: bool
 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=[_spec_loop()])
+        evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops())
         return list(evaluator.run(None, feeds))
+
+
+def reference_ops() -> list[type]:
+    """The operators ``check`` gives onnx's reference evaluator in place of its own, which depart
+    from the specification in onnx 1.23: ``Loop`` (:func:`_spec_loop`), ``ReduceLogSumExp`` and
+    ``GatherElements`` (:mod:`torchscan.onnx._check._reference_ops`). Bodies get them too."""
+    return [_spec_loop(), log_sum_exp(), gather_elements()]
 
 
 def _reference_cannot_run(model: onnx.ModelProto) -> str | None:

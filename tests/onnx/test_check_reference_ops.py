@@ -1,0 +1,221 @@
+"""The operators ``check`` gives onnx's reference evaluator in place of its own: each against
+onnxruntime and numpy, and onnx's own departure from the specification that it corrects."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.reference
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+
+import torchscan.onnx
+from torchscan.onnx._check._runtimes import reference_ops
+
+from ._runtimes import run_onnxruntime_on
+
+INF = np.inf
+
+
+def _one_node(node: onnx.NodeProto, inputs: list, output_type: int, opset: int, inits=()):
+    graph = oh.make_graph(
+        [node],
+        "g",
+        [oh.make_tensor_value_info(name, elem, shape) for name, elem, shape in inputs],
+        [oh.make_tensor_value_info(node.output[0], output_type, None)],
+        list(inits),
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+
+
+def _reference(model: onnx.ModelProto, feeds: dict, ops=None) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return onnx.reference.ReferenceEvaluator(model, new_ops=ops).run(None, feeds)[0]
+
+
+# --- ReduceLogSumExp ---------------------------------------------------------------------------
+
+ROWS = np.array(
+    [
+        [-INF, -INF, -INF],  # every path unreachable: -inf, where onnx 1.23 gives NaN
+        [0.0, -INF, 1.0],
+        [INF, -INF, 0.0],
+        [100.0, 100.0, -5.0],  # large: the maximum must be taken out before exp
+    ],
+    np.float32,
+)
+
+
+def _log_sum_exp_model(opset: int, axes: list[int] | None, keepdims: int, noop: int = 0):
+    attributes = {"keepdims": keepdims}
+    inputs, inits = ["x"], []
+    if opset < 18 and axes is not None:
+        attributes["axes"] = axes
+    elif axes is not None:
+        inputs.append("axes")
+        inits.append(oh.make_tensor("axes", TensorProto.INT64, [len(axes)], axes))
+    if noop:
+        attributes["noop_with_empty_axes"] = noop
+    node = oh.make_node("ReduceLogSumExp", inputs, ["y"], **attributes)
+    x = ("x", TensorProto.FLOAT, list(ROWS.shape))
+    return _one_node(node, [x], TensorProto.FLOAT, opset, inits)
+
+
+def _log_sum_exp_by_definition(x: np.ndarray, axes, keepdims: bool) -> np.ndarray:
+    """``log(sum(exp(x)))``, the specification's definition, in float64."""
+    with np.errstate(all="ignore"):
+        total = np.sum(np.exp(x.astype(np.float64)), axis=axes, keepdims=keepdims)
+        return np.log(total).astype(np.float32)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize(
+    ("axes", "keepdims"), [([1], 0), ([1], 1), ([-1], 0), ([0], 0), (None, 0), ([0, 1], 1)]
+)
+def test_reduce_log_sum_exp_agrees_with_onnxruntime_and_the_definition(
+    opset: int, axes, keepdims: int
+) -> None:
+    model = _log_sum_exp_model(opset, axes, keepdims)
+    ours = _reference(model, {"x": ROWS}, reference_ops())
+    onnxruntime = run_onnxruntime_on(model, {"x": ROWS})[0]
+    numpy_axes = None if axes is None else tuple(axes)
+    by_definition = _log_sum_exp_by_definition(ROWS, numpy_axes, bool(keepdims))
+    np.testing.assert_allclose(ours, onnxruntime, rtol=1e-6)
+    np.testing.assert_allclose(ours, by_definition, rtol=1e-6)
+    assert ours.dtype == np.float32
+
+
+def test_onnx_s_reduce_log_sum_exp_gives_nan_for_a_row_of_minus_infinity() -> None:
+    """What the replacement is for: onnx 1.23 against the specification (-inf)."""
+    model = _log_sum_exp_model(18, [1], 0)
+    assert np.isnan(_reference(model, {"x": ROWS})[0])
+    assert _reference(model, {"x": ROWS}, reference_ops())[0] == -INF
+
+
+def test_reduce_log_sum_exp_of_a_row_with_nan_is_nan() -> None:
+    model = _log_sum_exp_model(18, [1], 0)
+    x = ROWS.copy()
+    x[1, 0] = np.nan
+    ours = _reference(model, {"x": x}, reference_ops())
+    np.testing.assert_array_equal(np.isnan(ours), [False, True, False, False])
+    np.testing.assert_array_equal(ours, run_onnxruntime_on(model, {"x": x})[0])
+    np.testing.assert_allclose(ours, _log_sum_exp_by_definition(x, 1, False), rtol=1e-6)
+
+
+def test_reduce_log_sum_exp_with_no_axes_and_noop_is_the_identity() -> None:
+    model = _log_sum_exp_model(18, None, 1, noop=1)
+    ours = _reference(model, {"x": ROWS}, reference_ops())
+    np.testing.assert_array_equal(ours, ROWS)
+    np.testing.assert_array_equal(ours, run_onnxruntime_on(model, {"x": ROWS})[0])
+
+
+def test_reduce_log_sum_exp_of_an_empty_set_is_minus_infinity() -> None:
+    node = oh.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], keepdims=0)
+    axes = oh.make_tensor("axes", TensorProto.INT64, [1], [1])
+    model = _one_node(node, [("x", TensorProto.FLOAT, [2, 0])], TensorProto.FLOAT, 18, [axes])
+    x = np.zeros((2, 0), np.float32)
+    np.testing.assert_array_equal(_reference(model, {"x": x}, reference_ops()), [-INF, -INF])
+
+
+def test_a_log_space_scan_over_unreachable_states_passes_the_check() -> None:
+    """A CTC-like recursion: ``alpha = logsumexp(alpha + x)`` over states that start at -inf."""
+    info = oh.make_tensor_value_info
+    body = oh.make_graph(
+        [
+            oh.make_node("Add", ["a_in", "x_t"], ["s"]),
+            oh.make_node("ReduceLogSumExp", ["s", "axes"], ["a_out"], keepdims=0),
+            oh.make_node("Identity", ["a_out"], ["y"]),
+        ],
+        "body",
+        [info("a_in", TensorProto.FLOAT, [3]), info("x_t", TensorProto.FLOAT, [3, 3])],
+        [info("a_out", TensorProto.FLOAT, [3]), info("y", TensorProto.FLOAT, [3])],
+        [oh.make_tensor("axes", TensorProto.INT64, [1], [1])],
+    )
+    scan = oh.make_node("Scan", ["a0", "xs"], ["aT", "ys"], body=body, num_scan_inputs=1)
+    graph = oh.make_graph(
+        [scan],
+        "main",
+        [info("a0", TensorProto.FLOAT, [3]), info("xs", TensorProto.FLOAT, [4, 3, 3])],
+        [info("aT", TensorProto.FLOAT, [3]), info("ys", TensorProto.FLOAT, [4, 3])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    a0 = np.array([0.0, -INF, -INF], np.float32)
+    xs = np.full((4, 3, 3), -INF, np.float32)
+    xs[:, 0, 0] = 0.0  # state 0 is reachable from state 0 only; states 1 and 2 never are
+    report = torchscan.onnx.check(model, inputs={"a0": a0, "xs": xs})
+    assert report.ok, report
+    assert {c.source: c.status for c in report.comparisons} == {
+        "onnxruntime": "baseline",
+        "reference": "ok",
+    }
+
+
+# --- GatherElements ----------------------------------------------------------------------------
+
+
+def _gather_model(data_shape, indices_shape, axis: int | None):
+    attributes = {} if axis is None else {"axis": axis}
+    node = oh.make_node("GatherElements", ["data", "indices"], ["y"], **attributes)
+    inputs = [
+        ("data", TensorProto.FLOAT, list(data_shape)),
+        ("indices", TensorProto.INT64, list(indices_shape)),
+    ]
+    return _one_node(node, inputs, TensorProto.FLOAT, 13, [])
+
+
+GATHERS = {
+    "axis -1": ((2, 3), (2, 2), -1),
+    "axis 1": ((2, 3), (2, 2), 1),
+    "axis -2": ((3, 2), (2, 2), -2),
+    "axis 0": ((3, 2), (2, 2), 0),
+    "no axis": ((3, 2), (2, 2), None),
+    "rank 3, axis -1 of 100": ((2, 3, 100), (2, 3, 5), -1),
+    "rank 3, axis 1": ((2, 4, 3), (2, 6, 3), 1),
+    "indices smaller than data": ((4, 5), (2, 3), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(GATHERS))
+def test_gather_elements_agrees_with_onnxruntime_and_numpy(case: str) -> None:
+    data_shape, indices_shape, axis = GATHERS[case]
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal(data_shape).astype(np.float32)
+    along = (axis or 0) % len(data_shape)
+    size = data_shape[along]
+    indices = rng.integers(-size, size, size=indices_shape)  # negative indices too
+    model = _gather_model(data_shape, indices_shape, axis)
+    feeds = {"data": data, "indices": indices}
+    ours = _reference(model, feeds, reference_ops())
+    np.testing.assert_array_equal(ours, run_onnxruntime_on(model, feeds)[0])
+    covered = data[
+        tuple(slice(None) if d == along else slice(0, n) for d, n in enumerate(indices_shape))
+    ]
+    np.testing.assert_array_equal(ours, np.take_along_axis(covered, indices, axis=along))
+    assert ours.shape == tuple(indices_shape)
+
+
+def test_onnx_s_gather_elements_fails_on_a_negative_axis() -> None:
+    """What the replacement is for: onnx 1.23 refuses axis=-1, which the specification allows
+    ("Accepted range is [-r, r-1] where r = rank(data)")."""
+    model = _gather_model((2, 3), (2, 2), -1)
+    feeds = {"data": np.zeros((2, 3), np.float32), "indices": np.zeros((2, 2), np.int64)}
+    with pytest.raises(ValueError, match="Except for dimension -1"):
+        _reference(model, feeds)
+    assert _reference(model, feeds, reference_ops()).shape == (2, 2)
+
+
+def test_gather_elements_refuses_an_index_out_of_range_as_onnxruntime_does() -> None:
+    model = _gather_model((2, 3), (2, 2), -1)
+    feeds = {"data": np.zeros((2, 3), np.float32), "indices": np.full((2, 2), 3, np.int64)}
+    with pytest.raises(IndexError):
+        _reference(model, feeds, reference_ops())
+    with pytest.raises(Exception, match="Out of range value in index tensor"):
+        run_onnxruntime_on(model, feeds)
+
+
+def test_gather_elements_refuses_indices_larger_than_data_off_the_axis() -> None:
+    model = _gather_model((2, 3), (3, 3), 1)
+    feeds = {"data": np.zeros((2, 3), np.float32), "indices": np.zeros((3, 3), np.int64)}
+    with pytest.raises(ValueError, match=r"^GatherElements: indices have 3 entries on axis 0, "):
+        onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops()).run(None, feeds)
