@@ -13,8 +13,8 @@ from torchscan._compat import (
     ProxyTorchDispatchMode,
     autograd_not_implemented,
     disable_proxy_modes_tracing,
-    maybe_run_with_interpreter,
     lower_bound,
+    maybe_run_with_interpreter,
     register_fake,
 )
 from torchscan._traced._body import (
@@ -31,7 +31,16 @@ class ScanOp(HigherOrderOperator):
         super().__init__("torchscan_scan")
 
     def __call__(
-        self, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty=False
+        self,
+        body,
+        carries,
+        xs,
+        captured,
+        in_axes,
+        in_reverse,
+        out_axes,
+        out_reverse,
+        nonempty=False,
     ):
         return super().__call__(
             body,

@@ -79,7 +79,11 @@ def scan_to_onnx(
     inputs = [_input_like(f"{tag}_state_{i}", c) for i, c in enumerate(carries)] + [
         _input_like(f"{tag}_x_{i}", x, a) for i, (x, a) in enumerate(zip(xs, in_axes, strict=True))
     ]
-    guard = _EmptyGuard(recorder, body, xs, in_axes) if not nonempty and _may_be_empty(xs, in_axes) else None
+    guard = (
+        _EmptyGuard(recorder, body, xs, in_axes)
+        if not nonempty and _may_be_empty(xs, in_axes)
+        else None
+    )
     node = ir.Node(
         "",
         "Scan",
@@ -162,8 +166,9 @@ class _EmptyGuard:
             [self.nonempty],
             attributes=[
                 ir.AttrGraph("then_branch", _branch(f"{tag}_xs_then", then_nodes)),
-                ir.AttrGraph("else_branch", ir.Graph([], stand_ins, nodes=else_nodes,
-                                                     name=f"{tag}_xs_else")),
+                ir.AttrGraph(
+                    "else_branch", ir.Graph([], stand_ins, nodes=else_nodes, name=f"{tag}_xs_else")
+                ),
             ],
             num_outputs=len(xs),
             version=version,
@@ -185,14 +190,20 @@ class _EmptyGuard:
         ys = list(results[n_carries:])
         then_nodes = [ir.node("Identity", [value], version=version) for value in results]
         else_nodes = [ir.node("Identity", [c], version=version) for c in carries]
-        zero = ir.node("Constant", [], {"value": ir.tensor([0], dtype=ir.DataType.INT64)},
-                       version=version)
+        zero = ir.node(
+            "Constant", [], {"value": ir.tensor([0], dtype=ir.DataType.INT64)}, version=version
+        )
         else_nodes.append(zero)
         for y, axis in zip(ys, out_axes, strict=True):
-            axes = ir.node("Constant", [], {"value": ir.tensor([axis], dtype=ir.DataType.INT64)},
-                           version=version)
-            empty = ir.node("Slice", [y, zero.outputs[0], zero.outputs[0], axes.outputs[0]],
-                            version=version)
+            axes = ir.node(
+                "Constant",
+                [],
+                {"value": ir.tensor([axis], dtype=ir.DataType.INT64)},
+                version=version,
+            )
+            empty = ir.node(
+                "Slice", [y, zero.outputs[0], zero.outputs[0], axes.outputs[0]], version=version
+            )
             else_nodes.extend([axes, empty])
         else_outputs = [n.outputs[0] for n in else_nodes if n.op_type in ("Identity", "Slice")]
         choice = ir.Node(
@@ -201,13 +212,15 @@ class _EmptyGuard:
             [self.nonempty],
             attributes=[
                 ir.AttrGraph("then_branch", _branch(f"{self._tag}_out_then", then_nodes)),
-                ir.AttrGraph("else_branch", ir.Graph([], else_outputs, nodes=else_nodes,
-                                                     name=f"{self._tag}_out_else")),
+                ir.AttrGraph(
+                    "else_branch",
+                    ir.Graph([], else_outputs, nodes=else_nodes, name=f"{self._tag}_out_else"),
+                ),
             ],
             num_outputs=len(results),
             version=version,
         )
-        for result, carry in zip(results, carries):
+        for result, carry in zip(results, carries, strict=False):
             result.type, result.shape = ir.TensorType(carry.dtype), carry.shape
         for result, step, axis in zip(ys, self._body_outputs[n_carries:], out_axes, strict=True):
             # On an empty sequence, the Scan itself runs one step of zeros: its length is unknown.
@@ -232,9 +245,7 @@ def _with_dim(shape: ir.Shape | None, axis: int, dim) -> ir.Shape | None:
     return ir.Shape(dims)
 
 
-def _one_step_of_zeros(
-    nodes: list[ir.Node], x: ir.Value, axis: int, version: int
-) -> ir.Value:
+def _one_step_of_zeros(nodes: list[ir.Node], x: ir.Value, axis: int, version: int) -> ir.Value:
     """Append to ``nodes`` the computation of zeros shaped like ``x`` with length 1 on ``axis``."""
     rank = x.shape.rank() if x.shape is not None else None
     if rank is None:
@@ -242,10 +253,12 @@ def _one_step_of_zeros(
     keep = [0 if d == axis else 1 for d in range(rank)]
     one = [1 if d == axis else 0 for d in range(rank)]
     shape = ir.node("Shape", [x], version=version)
-    keep_c = ir.node("Constant", [], {"value": ir.tensor(keep, dtype=ir.DataType.INT64)},
-                     version=version)
-    one_c = ir.node("Constant", [], {"value": ir.tensor(one, dtype=ir.DataType.INT64)},
-                    version=version)
+    keep_c = ir.node(
+        "Constant", [], {"value": ir.tensor(keep, dtype=ir.DataType.INT64)}, version=version
+    )
+    one_c = ir.node(
+        "Constant", [], {"value": ir.tensor(one, dtype=ir.DataType.INT64)}, version=version
+    )
     kept = ir.node("Mul", [shape.outputs[0], keep_c.outputs[0]], version=version)
     step_shape = ir.node("Add", [kept.outputs[0], one_c.outputs[0]], version=version)
     zero = ir.node("Constant", [], {"value": ir.tensor(0, dtype=x.dtype)}, version=version)
