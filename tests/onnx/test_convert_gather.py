@@ -1,5 +1,5 @@
-"""``torchscan.onnx._convert``: GatherElements, GatherND, ScatterND and ScatterElements,
-converted below opset 11 with dynamic shapes.
+"""``torchscan.onnx._convert``: GatherElements, GatherND, ScatterND and ScatterElements, and Pad
+of integers, converted below opset 11 with dynamic shapes.
 
 Each model is built at the opset where its operator appeared, and at 18, where torch.onnx builds
 it, with symbolic dimensions, and converted once; hypothesis then draws shapes and values, with
@@ -19,12 +19,13 @@ import onnx.helper as oh
 import onnx.shape_inference
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchscan
 
 from .._export import onnx_export
 from ._runtimes import _session, eager_outputs, run_onnxruntime
-from .test_convert import F32, I32, I64, converted, info
+from .test_convert import F32, I32, I64, const, converted, info
 
 F64, U8 = onnx.TensorProto.DOUBLE, onnx.TensorProto.UINT8
 EXAMPLES = hypothesis.settings(max_examples=15)
@@ -328,12 +329,66 @@ def test_scatter_nd_at_opset_8_is_refused() -> None:
     assert "Scatter" in str(raised.value)
 
 
+# -- Pad of the types Pad-2 does not take ---------------------------------------------------------
+
+
+@functools.cache
+def pad(source: int, target: int, dtype: type, pads: tuple[int, ...], value: str) -> Pair:
+    elem = elem_of(dtype)
+    inputs = [info("x", elem, symbolic("d", 2))]
+    initializers = [const("pads", pads, np.int64)]
+    names = ["x", "pads"]
+    if value == "input":
+        inputs.append(info("value", elem, []))
+        names.append("value")
+    elif value == "constant":
+        initializers.append(const("value", np.array(INT64.min if dtype == np.int64 else 7, dtype)))
+        names.append("value")
+    model = model_at(
+        source, [oh.make_node("Pad", names, ["out"], mode="constant")], inputs,
+        [info("out", elem, None)], initializers,
+    )  # fmt: skip
+    return Pair(model, target)
+
+
+PADS = [(1, 0, 2, 3), (-1, 2, 0, -2), (0, 0, 0, 0)]
+
+
+@pytest.mark.parametrize("target", [10, 9, 8], ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("source", [11, 18], ids=lambda s: f"from{s}")
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.int32, np.float64])
+@pytest.mark.parametrize("value", ["input", "constant", "absent"])
+@pytest.mark.parametrize("pads", PADS, ids=str)
+@hypothesis.settings(max_examples=5)
+@hypothesis.given(shape=st.tuples(st.integers(2, 4), st.integers(2, 4)), seed=seeds)
+def test_constant_pad_of_any_type_converts_below_opset_11(
+    pads, value, dtype, source, target, shape, seed
+) -> None:
+    """``F.pad`` of int64 labels: blocks of the value, concatenated; negative pads crop."""
+    x = values(seed, dtype, shape)
+    feeds = {"x": x}
+    fill = np.zeros((), dtype)
+    if value == "input":
+        fill = values(seed + 1, dtype, ())
+        feeds["value"] = fill
+    elif value == "constant":
+        fill = np.array(INT64.min if dtype == np.int64 else 7, dtype)
+    cropped = x[
+        max(-pads[0], 0) : shape[0] - max(-pads[2], 0),
+        max(-pads[1], 0) : shape[1] - max(-pads[3], 0),
+    ]
+    widths = [(max(pads[0], 0), max(pads[2], 0)), (max(pads[1], 0), max(pads[3], 0))]
+    expected = np.pad(cropped, widths, constant_values=fill)
+    pad(source, target, dtype, pads, value).check(feeds, expected)
+
+
 # -- exported from torch ---------------------------------------------------------------------------
 
 
 class Indexing(torch.nn.Module):
     """A CRF-like step: ``transitions[prev, tag]`` (GatherND), ``hist.gather`` (GatherElements),
-    ``index_copy`` into a buffer (ScatterND) and ``x[:, 0] = v`` (ScatterElements)."""
+    ``index_copy`` into a buffer (ScatterND), ``x[:, 0] = v`` (ScatterElements) and ``F.pad`` of
+    int64 tags (Pad)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -349,7 +404,8 @@ class Indexing(torch.nn.Module):
             buffer = buffer.index_copy(0, tag[:1], emission[:1])
             marked = emission.clone()
             marked[:, 0] = score
-            return (tag, score, buffer), (best, marked)
+            padded = F.pad(tag, (1, 2), value=-1)
+            return (tag, score, buffer), (best, marked, padded)
 
         return torchscan.scan(
             step, (tags[0], torch.zeros(tags.shape[1]), buffer), (tags, emissions)

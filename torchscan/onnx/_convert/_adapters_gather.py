@@ -1,5 +1,6 @@
 """Adapters for the indexing operators that opset 11 introduced: GatherElements, GatherND and
-ScatterND, computed below opset 11 as offsets into the flattened data.
+ScatterND, computed below opset 11 as offsets into the flattened data; and the padding of types
+that Pad-2 does not take, made of blocks concatenated to the data.
 
 Every rewrite here selects or places values without arithmetic on them: the data is reshaped to
 one axis, and ``Gather`` (opset 1) or ``Scatter`` (opset 9) moves its elements, so every value,
@@ -19,10 +20,11 @@ import numpy as np
 import onnx_ir as ir
 
 from torchscan.onnx._convert._adapters_control import range_nodes
-from torchscan.onnx._convert._context import Builder, Context, attribute
+from torchscan.onnx._convert._context import Builder, Context, attribute, np_dtype
 from torchscan.onnx._convert._registry import register
 
 _INT64, _BOOL = ir.DataType.INT64, ir.DataType.BOOL
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 # -- offsets computed when the model runs ---------------------------------------------------------
@@ -300,4 +302,71 @@ def _scatternd_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     else:
         whole = b.op("Shape", [data], _INT64, [rank])
     b.op("Reshape", [scattered, whole], None, output=node.outputs[0])
+    return b.nodes
+
+
+# -- Pad of the types Pad-2 does not take ---------------------------------------------------------
+
+
+def pad_by_concat(node: ir.Node, ctx: Context, boundary: int, pads: np.ndarray) -> list[ir.Node]:
+    """Pad-11 in constant mode, at opset 10: along each axis, a negative pad crops with a Slice,
+    and a positive one concatenates a block of ``constant_value``, expanded to the shape of the
+    data with that axis as long as the pad. Nothing is computed on the values, so every type and
+    every value of ``constant_value`` (a run-time one too) is kept exactly."""
+    data = node.inputs[0]
+    rank = ctx.require_rank(node, boundary, data)
+    elem = ctx.elem_type(data)
+    if elem is None:
+        raise ctx.refuse(node, boundary, f"the type of its input '{data.name}' is unknown")
+    b = Builder(ctx)
+    value = node.inputs[2] if len(node.inputs) > 2 else None
+    if value is None:
+        value = b.const(np.zeros((), np_dtype(elem)), "constant_value")
+    shape = ctx.shape(data)
+    shape = list(shape) if shape is not None else [None] * rank
+    current = data
+    steps = [
+        (k, int(pads[k]), int(pads[k + rank])) for k in range(rank) if pads[k] or pads[k + rank]
+    ]
+    for done, (k, begin, end) in enumerate(steps, start=1):
+        last = done == len(steps)
+        if begin < 0 or end < 0:
+            starts = b.const(np.array([max(-begin, 0)], np.int64), "starts")
+            ends = b.const(np.array([end if end < 0 else _INT64_MAX], np.int64), "ends")
+            if shape[k] is not None:
+                shape[k] += min(begin, 0) + min(end, 0)
+            cropped = shape.copy()
+            current = b.op(
+                "Slice", [current, starts, ends, b.const(np.array([k], np.int64), "axes")],
+                elem, cropped, output=node.outputs[0] if last and begin <= 0 and end <= 0 else None,
+            )  # fmt: skip
+        blocks = []
+        for amount in (begin, end):
+            if amount <= 0:
+                blocks.append(None)
+                continue
+            if None not in shape:
+                sizes = b.const(np.array([*shape[:k], amount, *shape[k + 1 :]], np.int64), "shape")
+            else:
+                whole = b.op("Shape", [current], _INT64, [rank])
+                keep = b.const(np.array([int(d != k) for d in range(rank)], np.int64), "keep")
+                put = b.const(
+                    np.array([amount * int(d == k) for d in range(rank)], np.int64), "pad"
+                )
+                sizes = b.op(
+                    "Add", [b.op("Mul", [whole, keep], _INT64, [rank]), put], _INT64, [rank]
+                )
+            block_shape = [*shape[:k], amount, *shape[k + 1 :]]
+            blocks.append(b.op("Expand", [value, sizes], elem, block_shape))
+        if blocks == [None, None]:
+            continue
+        if shape[k] is not None:
+            shape[k] += max(begin, 0) + max(end, 0)
+        parts = [blocks[0], current, blocks[1]]
+        current = b.op(
+            "Concat", [p for p in parts if p is not None], elem, shape.copy(),
+            output=node.outputs[0] if last else None, axis=k,
+        )  # fmt: skip
+    if not b.nodes or current is data:
+        b.op("Identity", [data], None, output=node.outputs[0])
     return b.nodes
