@@ -1,8 +1,9 @@
-"""``torchscan.onnx._convert``: Mod below opset 10, with dynamic shapes.
+"""``torchscan.onnx._convert``: Mod below opset 10 and Einsum below opset 12, with dynamic shapes.
 
 Mod must give exactly what onnxruntime gives for the original Mod, bit for bit, for every value:
 integers of every width with their extremes, and floats drawn as random bit patterns (every
-magnitude, subnormals, infinities, NaN and -0.0).
+magnitude, subnormals, infinities, NaN and -0.0). Einsum must give what onnxruntime's Einsum
+gives, floats within rounding (the sums may be made in another order), integers exactly.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torchscan
 from .._export import onnx_export
 from ._runtimes import eager_outputs, run_onnxruntime
 from .test_convert import F32, converted, info
-from .test_convert_gather import Pair, elem_of, model_at, seeds
+from .test_convert_gather import Pair, assert_identical, elem_of, model_at, seeds
 
 EXAMPLES = hypothesis.settings(max_examples=20)
 
@@ -133,11 +134,101 @@ def test_mod_without_an_exact_form_is_refused(elem: int, fmod: int, reason: str)
     )
 
 
+# -- Einsum ---------------------------------------------------------------------------------------
+
+EQUATIONS = [
+    "bij,bjk->bik", "bhd,bhe->bhde", "bdl,dn->bdln", "ibnd,jbnd->ijbn", "ij->ji", "ij->",
+    "ij,jk", "i,i->", "i,j->ij", "ab,bc,cd->ad", "bn,anm,bm->ba", "...ij,...jk->...ik",
+    "...ij,jk->...ik", "bi,i->b",
+]  # fmt: skip
+
+
+def operand_subscripts(equation: str) -> list[str]:
+    """The subscripts of each operand, an ellipsis standing for two axes ``y`` and ``z``."""
+    return [t.replace("...", "yz") for t in equation.split("->")[0].split(",")]
+
+
+@functools.cache
+def einsum(source: int, target: int, equation: str, dtype: type) -> Pair:
+    elem = elem_of(dtype)
+    names = [f"x{i}" for i in range(len(operand_subscripts(equation)))]
+    inputs = [
+        info(name, elem, [f"{s}_{name}" for s in term])
+        for name, term in zip(names, operand_subscripts(equation), strict=True)
+    ]
+    node = oh.make_node("Einsum", names, ["out"], equation=equation)
+    return Pair(model_at(source, [node], inputs, [info("out", elem, None)]), target)
+
+
+@pytest.mark.parametrize("target", [11, 9, 8], ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("source", [12, 18], ids=lambda s: f"from{s}")
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+@pytest.mark.parametrize("equation", EQUATIONS)
+@hypothesis.settings(max_examples=8)
+@hypothesis.given(sizes=st.dictionaries(st.sampled_from("abdehijklmnyz"), st.integers(1, 4)),
+                  broadcast=st.booleans(), seed=seeds)  # fmt: skip
+def test_einsum_converts_below_opset_12(
+    equation, dtype, source, target, sizes, broadcast, seed
+) -> None:
+    """Batch axes, contractions and outer products, as MatMul (as Mul and ReduceSum for
+    integers at opset 8), with axes of every length; an ellipsis broadcasts a length of 1."""
+    rng = np.random.default_rng(seed)
+    terms = operand_subscripts(equation)
+    feeds = {}
+    for i, term in enumerate(terms):
+        shape = [sizes.get(s, 3) for s in term]
+        if broadcast and "..." in equation and i == 0:
+            shape[term.index("y")] = 1
+        if dtype == np.float32:
+            feeds[f"x{i}"] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[f"x{i}"] = rng.integers(-(2**40), 2**40, shape, dtype)
+    pair = einsum(source, target, equation, dtype)
+    (want,), (got,) = pair.run(feeds)
+    with np.errstate(over="ignore"):
+        expected = np.einsum(equation, *feeds.values())
+    if dtype == np.float32:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    else:
+        assert_identical(got, want)
+        assert_identical(got, expected.astype(np.int64))
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes", "reason"),
+    [
+        ("ii->i", [[3, 3]], "its equation 'ii->i' repeats the subscript 'i' within one operand "
+         "(a diagonal), which is not decomposed"),
+        ("bii,bi->b", [[2, 3, 3], [2, 3]], "its equation 'bii,bi->b' repeats the subscript 'i' "
+         "within one operand (a diagonal), which is not decomposed"),
+        ("...ij->ij", [[2, 3, 4]], "its equation '...ij->ij' sums over the axes of its ellipsis"),
+    ],
+)  # fmt: skip
+def test_einsum_without_a_decomposition_is_refused(equation, shapes, reason) -> None:
+    names = [f"x{i}" for i in range(len(shapes))]
+    model = model_at(
+        12,
+        [oh.make_node("Einsum", names, ["out"], equation=equation)],
+        [info(n, F32, s) for n, s in zip(names, shapes, strict=True)],
+        [info("out", F32, None)],
+    )
+    with pytest.raises(torchscan.onnx.OpsetConversionError) as raised:
+        converted(model, 11)
+    assert str(raised.value) == (
+        f"torchscan: cannot convert Einsum from opset 12 to opset 11: {reason}. Export with a "
+        "newer opset_version (at opset 12 this Einsum is kept as it is), or compute it in the "
+        "step with operators that opset 11 has."
+    )
+
+
 # -- exported from torch ---------------------------------------------------------------------------
 
 
 class BeamStep(torch.nn.Module):
-    """A scan whose step takes ``% V`` of int64 tokens and ``torch.fmod`` of floats."""
+    """A scan whose step takes ``% V`` of int64 tokens, ``torch.fmod`` of floats, and an
+    ``einsum`` of the state with a weight."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -148,7 +239,7 @@ class BeamStep(torch.nn.Module):
             state, token = carry
             token_x, feature = x
             token = (token * 31 + token_x) % 7
-            state = torch.tanh(state @ self.weight.sum(2) + feature.sum(1, keepdim=True))
+            state = torch.tanh(torch.einsum("bi,ijk,bk->bj", state, self.weight, feature))
             return (state, token), (token % -3, torch.fmod(feature * 8, -0.75))
 
         return torchscan.scan(step, (h, tokens[0]), (tokens, xs))
@@ -161,7 +252,7 @@ def beam_inputs(length: int) -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.parametrize("opset", [9, 8])
-def test_mod_in_a_scan_exports_below_opset_10(opset: int) -> None:
+def test_mod_and_einsum_in_a_scan_export_below_their_opsets(opset: int) -> None:
     torch.manual_seed(0)
     model = BeamStep().eval()
     time = torch.export.Dim("T", min=1)
