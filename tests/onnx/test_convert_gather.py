@@ -252,17 +252,18 @@ def scatter_nd(source: int, target: int, tuple_length: int, dtype: type) -> Pair
     return Pair(scatter_nd_model(source, tuple_length, dtype), target)
 
 
-@pytest.mark.parametrize("target", [10, 9], ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("target", [10, 9, 8], ids=lambda t: f"opset{t}")
 @pytest.mark.parametrize("source", [11, 18], ids=lambda s: f"from{s}")
 @pytest.mark.parametrize("tuple_length", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])
 @EXAMPLES
 @hypothesis.given(data_shape=shapes, count=st.integers(0, 4), seed=seeds)
-def test_scatter_nd_converts_to_opsets_9_and_10(
+def test_scatter_nd_converts_below_opset_11(
     dtype, tuple_length, source, target, data_shape, count, seed
 ) -> None:
-    """``buf.index_copy(0, i, v)``, ``index_put``: a Scatter-9 into the flattened data, slices
-    of any length, negative indices included (ScatterND leaves duplicates undefined: none)."""
+    """``buf.index_copy(0, i, v)``, ``index_put``: a Scatter-9 into the flattened data, and at
+    opset 8 rows chosen from the data or the updates; slices of any length, negative indices
+    included (ScatterND leaves duplicates undefined: none)."""
     rng = np.random.default_rng(seed)
     data = values(seed, dtype, data_shape)
     rows = int(np.prod(data_shape[:tuple_length]))
@@ -283,50 +284,51 @@ def test_scatter_nd_converts_to_opsets_9_and_10(
 
 
 @functools.cache
-def scatter_elements(source: int, target: int, axis: int) -> Pair:
+def scatter_elements(source: int, target: int, axis: int, dtype: type) -> Pair:
+    elem = elem_of(dtype)
     model = model_at(
         source,
         [oh.make_node("ScatterElements", ["data", "indices", "updates"], ["out"], axis=axis)],
         [
-            info("data", I64, symbolic("d", 2)), info("indices", I64, symbolic("i", 2)),
-            info("updates", I64, symbolic("i", 2)),
+            info("data", elem, symbolic("d", 3)), info("indices", I64, symbolic("i", 3)),
+            info("updates", elem, symbolic("i", 3)),
         ],
-        [info("out", I64, None)],
+        [info("out", elem, None)],
     )  # fmt: skip
     return Pair(model, target)
 
 
-@pytest.mark.parametrize("target", [10, 9], ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("target", [10, 9, 8], ids=lambda t: f"opset{t}")
 @pytest.mark.parametrize("source", [11, 18], ids=lambda s: f"from{s}")
 @pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
 @EXAMPLES
-@hypothesis.given(
-    data_shape=st.tuples(st.integers(1, 4), st.integers(1, 4)), width=st.integers(1, 4), seed=seeds
-)
-def test_scatter_elements_is_scatter_at_opsets_9_and_10(
-    axis, source, target, data_shape, width, seed
+@hypothesis.given(data_shape=shapes, index_shape=shapes, seed=seeds)
+def test_scatter_elements_converts_below_opset_11(
+    dtype, axis, source, target, data_shape, index_shape, seed
 ) -> None:
     """``x.scatter(1, i, v)`` and ``x[:, 1] = v``: ScatterElements is Scatter-9 renamed, with
-    negative indices counted from the front."""
+    negative indices counted from the front; at opset 8, where Scatter does not exist, each
+    element of the result is chosen from the data or the updates. The indices may be shorter
+    than the data on every axis (ScatterElements leaves duplicates undefined: none)."""
     rng = np.random.default_rng(seed)
-    k = axis % 2
-    data = values(seed, np.int64, data_shape)
-    count = min(width, data_shape[k])
-    other = data_shape[1 - k]
-    picks = np.stack([rng.permutation(data_shape[k])[:count] for _ in range(other)], axis=1 - k)
-    indices = np.where(rng.random(picks.shape) < 0.5, picks - data_shape[k], picks)
-    updates = values(seed + 1, np.int64, picks.shape)
+    k = axis % 3
+    length = data_shape[k]
+    # shorter than the data on every axis, on the scattered one too: no index twice along it
+    index_shape = tuple(min(n, d) for n, d in zip(index_shape, data_shape, strict=True))
+    data = values(seed, dtype, data_shape)
+    order = rng.random((length, *index_shape[:k], *index_shape[k + 1 :]))
+    picks = np.moveaxis(np.argsort(order, axis=0)[: index_shape[k]], 0, k)
+    indices = np.where(rng.random(picks.shape) < 0.5, picks - length, picks)
+    updates = values(seed + 1, dtype, picks.shape)
     expected = data.copy()
-    np.put_along_axis(expected, picks, updates, axis=k)
-    scatter_elements(source, target, axis).check(
+    covered = tuple(slice(0, n) if d != k else slice(None) for d, n in enumerate(index_shape))
+    region = expected[covered]
+    np.put_along_axis(region, picks, updates, axis=k)
+    expected[covered] = region
+    scatter_elements(source, target, axis, dtype).check(
         {"data": data, "indices": indices.astype(np.int64), "updates": updates}, expected
     )
-
-
-def test_scatter_nd_at_opset_8_is_refused() -> None:
-    with pytest.raises(torchscan.onnx.OpsetConversionError) as raised:
-        converted(scatter_nd_model(11, 1, np.float32), 8)
-    assert "Scatter" in str(raised.value)
 
 
 # -- Pad of the types Pad-2 does not take ---------------------------------------------------------
@@ -418,16 +420,17 @@ def indexing_inputs(length: int) -> tuple[torch.Tensor, ...]:
     return tags, torch.randn(length, 3, 5, generator=generator), torch.zeros(6, 5)
 
 
-def test_indexing_in_a_scan_exports_at_opset_9() -> None:
+@pytest.mark.parametrize("opset", [9, 8])
+def test_indexing_in_a_scan_exports_below_opset_11(opset: int) -> None:
     torch.manual_seed(0)
     model = Indexing().eval()
     time = torch.export.Dim("T", min=1)
     program = onnx_export(
-        model, indexing_inputs(3), dynamo=True, opset_version=9,
+        model, indexing_inputs(3), dynamo=True, opset_version=opset,
         dynamic_shapes=({0: time}, {0: time}, None),
     )  # fmt: skip
     proto = program.model_proto
-    assert [(o.domain, o.version) for o in proto.opset_import if o.domain == ""] == [("", 9)]
+    assert [(o.domain, o.version) for o in proto.opset_import if o.domain == ""] == [("", opset)]
     for length in (1, 4):
         inputs = indexing_inputs(length)
         for got, want in zip(

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._adapters_gather import Int, Lengths, product, scalar, vector
+from torchscan.onnx._convert._adapters_gather import (
+    Int,
+    Lengths,
+    lengths_of,
+    product,
+    scalar,
+    vector,
+)
 from torchscan.onnx._convert._context import FLOATS, Builder, Context, attribute
 from torchscan.onnx._convert._registry import register
 
@@ -143,7 +150,7 @@ def _sum_last(b: Builder, elem: ir.DataType, value: ir.Value, rank: int, count: 
     axes are made one, a 0 put before it (so that an empty axis sums to 0), and the last of its
     cumulative sums taken, which CumSum computes with integer additions (a Scan below opset 11,
     ``_adapters_control``)."""
-    lengths = Lengths(b, value)
+    lengths = lengths_of(b, value)
     kept = rank - count
     merged = product(b, lengths.of(range(kept, rank)))
     if count != 1:
@@ -208,7 +215,7 @@ def _contract(
         return _sum_last(b, elem, multiplied, nb + nl + nr + ns, ns), term, [None] * len(term)
     a, _, _ = _transpose(b, elem, left, batch + own_left + summed)
     c, _, _ = _transpose(b, elem, right, batch + summed + own_right)
-    a_lengths, c_lengths = Lengths(b, a), Lengths(b, c)
+    a_lengths, c_lengths = lengths_of(b, a), lengths_of(b, c)
     left_groups = [range(nb, nb + nl), range(nb + nl, nb + nl + ns)]
     right_groups = [range(nb, nb + ns), range(nb + ns, nb + ns + nr)]
     if nl != 1 or ns != 1:
@@ -220,7 +227,7 @@ def _contract(
     multiplied = b.op("MatMul", [a, c], elem, [None] * (nb + 2))
     if nl == 1 and nr == 1:
         return multiplied, term, [None] * len(term)
-    result_lengths = Lengths(b, multiplied)
+    result_lengths = lengths_of(b, multiplied)
     dims = [
         *result_lengths.of(range(nb)),
         *a_lengths.of(range(nb, nb + nl)),

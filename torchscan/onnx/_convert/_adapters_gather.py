@@ -64,6 +64,14 @@ class Lengths:
         return [self[axis] for axis in axes]
 
 
+def lengths_of(b: Builder, value: ir.Value) -> Lengths:
+    """The :class:`Lengths` of ``value``, one for each value an adapter reads them of."""
+    key = ("lengths", value)
+    if key not in b.made:
+        b.made[key] = Lengths(b, value)
+    return b.made[key]
+
+
 def multiply(b: Builder, a: Int, c: Int, shape: Sequence[int | None] | None = ()) -> Int:
     """``a * c`` in int64 (``a`` may be a tensor of ``shape``), folded where both are ints or
     one is 1."""
@@ -121,17 +129,23 @@ def arange(b: Builder, node: ir.Node, boundary: int, length: Int) -> ir.Value:
     order), and at opset 8 a ``Loop`` (``range_nodes``)."""
     if isinstance(length, int):
         return b.const(np.arange(length, dtype=np.int64), "positions")
+    key = ("arange", length)
+    if key in b.made:
+        return b.made[key]
     if b.ctx.target >= 9:
         one = b.const(np.array([1], np.int64), "one_element")
         shape = b.op("Reshape", [length, one], _INT64, [1])
         ones = b.op("ConstantOfShape", [shape], _BOOL, [None], value=np.ones(1, np.bool_))
         found = b.op("NonZero", [ones], _INT64, [1, None])
-        return b.op("Reshape", [found, b.const(np.array([-1], np.int64), "flat")], _INT64, [None])
-    zero, step = b.const(np.int64(0), "start"), b.const(np.int64(1), "delta")
-    made, positions = range_nodes(b.ctx, node, boundary, zero, length, step)
-    b.nodes.extend(made)
-    positions.name = b.ctx.fresh("positions")
-    b.ctx.set_type(positions, _INT64, [None])
+        flat = b.const(np.array([-1], np.int64), "flat")
+        positions = b.op("Reshape", [found, flat], _INT64, [None])
+    else:
+        zero, step = b.const(np.int64(0), "start"), b.const(np.int64(1), "delta")
+        made, positions = range_nodes(b.ctx, node, boundary, zero, length, step)
+        b.nodes.extend(made)
+        positions.name = b.ctx.fresh("positions")
+        b.ctx.set_type(positions, _INT64, [None])
+    b.made[key] = positions
     return positions
 
 
@@ -195,7 +209,7 @@ def _tuple_offsets(
     ``tuple_length`` axes of ``data`` made one: ``sum(index[m] * stride[m])``, negative indices
     counted from the front, ``stride[m]`` the product of the lengths of axes ``m + 1`` to
     ``tuple_length - 1``. Also the lengths of the axes of ``data``."""
-    lengths = Lengths(b, data)
+    lengths = lengths_of(b, data)
     shape = b.ctx.shape(indices)
     leading = lengths.of(range(tuple_length))
     counted = from_front(b, as_int64(b, indices), vector(b, leading), shape)
@@ -214,20 +228,36 @@ def _tuple_offsets(
 @register("", "GatherElements", 11)
 def _gather_elements_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     """GatherElements does not exist before opset 11: ``out[i][j][k] = data[i][index[i][j][k]][k]``
-    for ``axis = 1`` ("its output shape is the same as the shape of indices"). It is a Gather from
-    the flattened data at the offset of each of those elements: the index, counted from the front
-    where negative, times the stride of ``axis``, plus each other coordinate of the output times
-    its stride, the coordinates an ``arange`` of each axis of ``indices`` broadcast along it."""
+    for ``axis = 1`` ("its output shape is the same as the shape of indices"), with negative
+    indices counted from the back (see ``gather_elements``)."""
     data, indices = node.inputs[0], node.inputs[1]
     rank = ctx.require_rank(node, boundary, data)
     axis = attribute(node, "axis", 0) % rank
     b = Builder(ctx)
     shape = ctx.shape(indices) or [None] * rank
-    lengths = Lengths(b, data)
-    counted = from_front(b, as_int64(b, indices), lengths[axis], shape)
-    steps = strides(b, lengths.__getitem__, rank)
-    offsets = multiply(b, counted, steps[axis], shape)
-    index_lengths = Lengths(b, indices)
+    counted = from_front(b, as_int64(b, indices), lengths_of(b, data)[axis], shape)
+    gather_elements(b, node, boundary, data, counted, axis, node.outputs[0])
+    return b.nodes
+
+
+def gather_elements(
+    b: Builder,
+    node: ir.Node,
+    boundary: int,
+    data: ir.Value,
+    indices: ir.Value,
+    axis: int,
+    output: ir.Value | None = None,
+) -> ir.Value:
+    """GatherElements of ``data`` at the non-negative int64 ``indices`` along ``axis``: a Gather
+    from the flattened data at the offset of each element of the result, which is the index
+    times the stride of ``axis``, plus each other coordinate times its stride, the coordinates an
+    ``arange`` of each axis of ``indices`` broadcast along it."""
+    rank = b.ctx.rank(data)
+    shape = b.ctx.shape(indices) or [None] * rank
+    steps = strides(b, lengths_of(b, data).__getitem__, rank)
+    offsets = multiply(b, indices, steps[axis], shape)
+    index_lengths = lengths_of(b, indices)
     for k in range(rank):
         if k == axis or shape[k] == 1:
             continue
@@ -238,8 +268,8 @@ def _gather_elements_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.N
                 "Reshape", [positions, along], _INT64, [1] * k + [shape[k]] + [1] * (rank - k - 1)
             )
         offsets = add(b, offsets, positions, shape)
-    b.op("Gather", [_flat(b, data), offsets], None, output=node.outputs[0], axis=0)
-    return b.nodes
+    elem = b.ctx.elem_type(data)
+    return b.op("Gather", [_flat(b, data), offsets], elem, shape, output=output, axis=0)
 
 
 @register("", "GatherND", 11)
@@ -257,7 +287,7 @@ def _gathernd_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         squeezed = b.op(
             "Squeeze", [indices], ctx.elem_type(indices), shape[:-1], axes=[index_rank - 1]
         )
-        counted = from_front(b, as_int64(b, squeezed), Lengths(b, data)[0], shape[:-1])
+        counted = from_front(b, as_int64(b, squeezed), lengths_of(b, data)[0], shape[:-1])
         b.op("Gather", [data, counted], None, output=node.outputs[0], axis=0)
         return b.nodes
     offsets, lengths = _tuple_offsets(b, data, indices, rank, tuple_length, keepdims=0)
@@ -272,37 +302,216 @@ def _gathernd_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
 @register("", "ScatterND", 11)
 def _scatternd_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     """ScatterND does not exist before opset 11: ``output[indices[idx]] = updates[idx]``, each
-    index tuple of length k naming a slice of the last r - k axes. It is a Scatter-9 along the
-    one axis of the flattened data: each element of a slice goes to the offset of its tuple
-    (``sum(index[m] * stride[m])``, negative indices counted from the front) plus its position in
-    the slice, in the order of the flattened ``updates``."""
-    if ctx.target < 9:
-        raise ctx.refuse(
-            node, boundary, "writing at positions computed when the model runs needs Scatter, "
-            "which exists from opset 9 on"
-        )  # fmt: skip
+    index tuple of length k naming a slice of the last r - k axes. From opset 9 on, it is a
+    Scatter-9 along the one axis of the flattened data: each element of a slice goes to the
+    offset of its tuple (``sum(index[m] * stride[m])``, negative indices counted from the front)
+    times the size of a slice, plus its position in the slice. At opset 8, which has no Scatter,
+    the data is seen as rows, one per slice, and each row of the result is chosen from the data
+    or the updates (``_choose_rows``)."""
     data, indices, updates = node.inputs[0], node.inputs[1], node.inputs[2]
     rank, _, tuple_length = _index_tuples(node, ctx, boundary)
     b = Builder(ctx)
-    offsets, lengths = _tuple_offsets(b, data, indices, rank, tuple_length, keepdims=1)
-    if tuple_length < rank:
-        slice_size = product(b, lengths.of(range(tuple_length, rank)))
-        shape = ctx.shape(indices)[:-1]
-        offsets = multiply(b, offsets, slice_size, [*shape, 1])
-        positions = arange(b, node, boundary, slice_size)
-        offsets = add(b, offsets, positions, [*shape, None])
-    flat = b.const(np.array([-1], np.int64), "flat")
-    offsets = b.op("Reshape", [offsets, flat], _INT64, [None])
     elem = ctx.elem_type(data)
-    values = b.op("Reshape", [updates, flat], elem, [None])
-    scattered = b.op("Scatter", [_flat(b, data), offsets, values], elem, [None], axis=0)
+    keep = tuple_length < rank
+    offsets, lengths = _tuple_offsets(b, data, indices, rank, tuple_length, keepdims=int(keep))
+    slice_size = product(b, lengths.of(range(tuple_length, rank)))
+    flat = b.const(np.array([-1], np.int64), "flat")
+    if ctx.target < 9:
+        rows = b.op("Reshape", [offsets, flat], _INT64, [None])
+        count = product(b, lengths_of(b, indices).of(range(len(ctx.shape(indices)) - 1)))
+        row_count = product(b, lengths.of(range(tuple_length)))
+        as_rows = vector(b, [row_count, slice_size])
+        table = b.op("Reshape", [data, as_rows], elem, [None, None])
+        new_rows = b.op("Reshape", [updates, vector(b, [count, slice_size])], elem, [None, None])
+        chosen = _choose_rows(b, node, boundary, table, row_count, rows, count, new_rows)
+    else:
+        if keep:
+            shape = ctx.shape(indices)[:-1]
+            offsets = multiply(b, offsets, slice_size, [*shape, 1])
+            positions = arange(b, node, boundary, slice_size)
+            offsets = add(b, offsets, positions, [*shape, None])
+        offsets = b.op("Reshape", [offsets, flat], _INT64, [None])
+        values = b.op("Reshape", [updates, flat], elem, [None])
+        chosen = b.op("Scatter", [_flat(b, data), offsets, values], elem, [None], axis=0)
     data_shape = ctx.shape(data)
     if data_shape is not None and None not in data_shape:
         whole = b.const(np.array(data_shape, np.int64), "shape")
     else:
         whole = b.op("Shape", [data], _INT64, [rank])
-    b.op("Reshape", [scattered, whole], None, output=node.outputs[0])
+    b.op("Reshape", [chosen, whole], None, output=node.outputs[0])
     return b.nodes
+
+
+def _choose_rows(
+    b: Builder,
+    node: ir.Node,
+    boundary: int,
+    table: ir.Value,
+    row_count: Int,
+    rows: ir.Value,
+    count: Int,
+    new_rows: ir.Value,
+) -> ir.Value:
+    """``table`` (``row_count`` rows) with row ``rows[j]`` replaced by ``new_rows[j]`` for each
+    of the ``count`` updates, the last one where a row is named twice, without Scatter: each row
+    is compared with every update's row, the matching update with the highest position
+    ``j + 1`` (0 for none, from a column of zeros put first) found with ReduceMax, and the row
+    gathered from ``table`` and ``new_rows`` concatenated."""
+    elem = b.ctx.elem_type(table)
+    positions = arange(b, node, boundary, row_count)
+    column = b.op("Unsqueeze", [positions], _INT64, [None, 1], axes=[1])
+    matches = b.op(
+        "Equal",
+        [column, b.op("Unsqueeze", [rows], _INT64, [1, None], axes=[0])],
+        _BOOL,
+        [None, None],
+    )
+    ranks = add(b, arange(b, node, boundary, count), 1, [None])
+    ranked = b.op(
+        "Mul",
+        [b.op("Cast", [matches], _INT64, [None, None], to=_INT64), ranks],
+        _INT64,
+        [None, None],
+    )
+    zeros = b.op(
+        "Expand", [b.const(np.int64(0), "zero"), vector(b, [row_count, 1])], _INT64, [None, 1]
+    )
+    ranked = b.op("Concat", [zeros, ranked], _INT64, [None, None], axis=1)
+    best = b.op("ReduceMax", [ranked], _INT64, [None], axes=[1], keepdims=0)
+    hit = b.op("Cast", [b.op("Cast", [best], _BOOL, [None], to=_BOOL)], _INT64, [None], to=_INT64)
+    # row i of the result: row i of table where nothing hits it, else row row_count + best - 1
+    # of the concatenation
+    moved = b.op(
+        "Sub",
+        [add(b, best, row_count, [None]), b.op("Add", [positions, hit], _INT64, [None])],
+        _INT64,
+        [None],
+    )
+    choice = b.op("Add", [positions, b.op("Mul", [hit, moved], _INT64, [None])], _INT64, [None])
+    both = b.op("Concat", [table, new_rows], elem, [None, None], axis=0)
+    return b.op("Gather", [both, choice], elem, [None, None], axis=0)
+
+
+@register("", "Scatter", 9)
+def _scatter_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    """Scatter does not exist before opset 9 (nor ScatterElements, which is the same operator):
+    ``output[i][index[i][j]] = updates[i][j]`` for ``axis = 1``. Without it, each element of the
+    result is chosen: with ``axis`` moved to the front, the indices and updates are first
+    extended to the data's length on every other axis (with the index -1, which matches
+    nothing) and by one row in front on ``axis``; each position p along ``axis`` is compared with
+    every index, the row j of the last index equal to p found with ReduceMax of ``j * (index ==
+    p)`` (0, the added row, for none), and the result taken from the updates at that row
+    (GatherElements) or from the data (GatherElements of the two stacked)."""
+    data, indices, updates = node.inputs[0], node.inputs[1], node.inputs[2]
+    rank = ctx.require_rank(node, boundary, data)
+    axis = attribute(node, "axis", 0) % rank
+    elem = ctx.elem_type(data)
+    if elem is None:
+        raise ctx.refuse(node, boundary, f"the type of its input '{data.name}' is unknown")
+    b = Builder(ctx)
+    perm = [axis, *(k for k in range(rank) if k != axis)]
+    moved = [_moved(b, value, perm) for value in (data, as_int64(b, indices), updates)]
+    table, index, values = moved
+    table_lengths = lengths_of(b, table)
+    index = _extended(b, index, _INT64, table_lengths, np.int64(-1))
+    values = _extended(b, values, elem, table_lengths, np.zeros((), np_dtype(elem)))
+    ones = [1] * (rank - 1)
+    positions = arange(b, node, boundary, table_lengths[0])
+    column = b.op(
+        "Reshape",
+        [positions, b.const(np.array([-1, 1, *ones], np.int64), "along")],
+        _INT64,
+        [None, 1, *ones],
+    )
+    spread = b.op("Unsqueeze", [index], _INT64, [1, None, *[None] * (rank - 1)], axes=[0])
+    matches = b.op("Equal", [spread, column], _BOOL, [None] * (rank + 1))
+    rows = arange(b, node, boundary, lengths_of(b, index)[0])
+    rows = b.op(
+        "Reshape",
+        [rows, b.const(np.array([1, -1, *ones], np.int64), "along")],
+        _INT64,
+        [1, None, *ones],
+    )
+    ranked = b.op(
+        "Mul",
+        [b.op("Cast", [matches], _INT64, [None] * (rank + 1), to=_INT64), rows],
+        _INT64,
+        [None] * (rank + 1),
+    )
+    best = b.op("ReduceMax", [ranked], _INT64, [None] * rank, axes=[1], keepdims=0)
+    chosen = gather_elements(b, node, boundary, values, best, 0)
+    hit = b.op(
+        "Cast",
+        [b.op("Cast", [best], _BOOL, [None] * rank, to=_BOOL)],
+        _INT64,
+        [None] * rank,
+        to=_INT64,
+    )
+    stacked = b.op(
+        "Concat",
+        [b.op("Unsqueeze", [v], elem, [1, *[None] * rank], axes=[0]) for v in (table, chosen)],
+        elem, [2, *[None] * rank], axis=0,
+    )  # fmt: skip
+    hits = b.op("Unsqueeze", [hit], _INT64, [1, *[None] * rank], axes=[0])
+    picked = gather_elements(b, node, boundary, stacked, hits, 0)
+    last = perm == list(range(rank))
+    result = b.op(
+        "Squeeze", [picked], elem, [None] * rank, output=node.outputs[0] if last else None, axes=[0]
+    )
+    if not last:
+        inverse = [perm.index(k) for k in range(rank)]
+        b.op("Transpose", [result], None, output=node.outputs[0], perm=inverse)
+    return b.nodes
+
+
+def _moved(b: Builder, value: ir.Value, perm: list[int]) -> ir.Value:
+    if perm == list(range(len(perm))):
+        return value
+    shape = b.ctx.shape(value)
+    moved = [shape[p] for p in perm] if shape is not None else None
+    return b.op("Transpose", [value], b.ctx.elem_type(value), moved, perm=perm)
+
+
+def _extended(
+    b: Builder, value: ir.Value, elem: ir.DataType, lengths: Lengths, fill: np.ndarray
+) -> ir.Value:
+    """``value`` extended with ``fill`` to the ``lengths`` of every axis but the first, and by one
+    element in front on the first."""
+    rank = len(lengths.shape) if lengths.shape is not None else b.ctx.rank(value)
+    filler = b.const(fill, "fill")
+    own = lengths_of(b, value)
+    for k in range(1, rank):
+        target, current = lengths[k], own[k]
+        if isinstance(target, int) and isinstance(current, int) and target == current:
+            continue
+        missing = (
+            target - current
+            if isinstance(target, int) and isinstance(current, int)
+            else b.op("Sub", [scalar(b, target), scalar(b, current)], _INT64, [])
+        )
+        value = _concat_block(b, value, elem, k, missing, after=True, filler=filler)
+        own = lengths_of(b, value)
+    return _concat_block(b, value, elem, 0, 1, after=False, filler=filler)
+
+
+def _concat_block(
+    b: Builder,
+    value: ir.Value,
+    elem: ir.DataType,
+    axis: int,
+    amount: Int,
+    *,
+    after: bool,
+    filler: ir.Value,
+) -> ir.Value:
+    """``value`` with a block of ``filler``, ``amount`` long on ``axis``, concatenated after or
+    before it."""
+    own = lengths_of(b, value)
+    rank = b.ctx.rank(value)
+    block = vector(b, [amount if k == axis else own[k] for k in range(rank)])
+    filled = b.op("Expand", [filler, block], elem, [None] * rank)
+    parts = [value, filled] if after else [filled, value]
+    return b.op("Concat", parts, elem, [None] * rank, axis=axis)
 
 
 # -- Pad of the types Pad-2 does not take ---------------------------------------------------------

@@ -466,6 +466,8 @@ class Builder:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.nodes: list[ir.Node] = []
+        self.made: dict[Any, Any] = {}
+        """Values made once and read several times by the adapter, by a key of its own."""
 
     def op(
         self,
