@@ -1,12 +1,15 @@
 """Adapters for the indexing operators that opset 11 introduced: GatherElements, GatherND and
-ScatterND, computed below opset 11 as offsets into the flattened data; and the padding of types
-that Pad-2 does not take, made of blocks concatenated to the data.
+ScatterND, computed below opset 11 as offsets into the flattened data; Scatter, which opset 8
+lacks; and the padding of types that Pad-2 does not take, made of blocks concatenated to the
+data.
 
-Every rewrite here selects or places values without arithmetic on them: the data is reshaped to
-one axis, and ``Gather`` (opset 1) or ``Scatter`` (opset 9) moves its elements, so every value,
+Every rewrite here selects or places values without arithmetic on them: the data is reshaped,
+and ``Gather`` (opset 1) or ``Scatter`` (opset 9) moves its elements, so every value,
 infinities, NaN and -0.0 included, comes out as it went in. Only the offsets are computed, in
 int64, from the indices and the dimensions of the data read with ``Shape`` when the model runs,
-so dynamic shapes convert too.
+so dynamic shapes convert too. Where an ``arange`` of a length known only at run time is needed,
+opset 9 and later list the elements of a tensor of ones with ``NonZero``; opset 8 runs a
+``Loop`` (``_adapters_control.range_nodes``).
 
 Each adapter is registered for ``("", op, b)`` and returns nodes valid at opset ``b - 1`` (see
 ``_adapters_attributes``); each docstring quotes the change of the specification it undoes.
@@ -208,7 +211,8 @@ def _tuple_offsets(
     """The offset of each index tuple of ``indices`` among the slices its tuples name, the first
     ``tuple_length`` axes of ``data`` made one: ``sum(index[m] * stride[m])``, negative indices
     counted from the front, ``stride[m]`` the product of the lengths of axes ``m + 1`` to
-    ``tuple_length - 1``. Also the lengths of the axes of ``data``."""
+    ``tuple_length - 1``. Also the lengths of the axes of ``data``. (onnxruntime's ReduceSum
+    rounds some int64 sums through double; offsets into a tensor are below 2**53, and exact.)"""
     lengths = lengths_of(b, data)
     shape = b.ctx.shape(indices)
     leading = lengths.of(range(tuple_length))
