@@ -178,9 +178,12 @@ def _compare_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
 
 # -- Mod ------------------------------------------------------------------------------------------
 
+_SIGNED = frozenset({ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64})
 _UNSIGNED = frozenset(
     {ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64}
 )
+
+_INTEGERS = _SIGNED | _UNSIGNED
 
 # For each floating-point type that a double holds with room to spare: a bound B with
 # |a / b| < 2**B for all finite a and non-zero b of the type (the largest finite value over the
@@ -208,15 +211,20 @@ def _mod_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     fmod = attribute(node, "fmod", 0)
     nodes = Builder(ctx)
     shape = _static_broadcast(ctx, [a, b])
-    if elem in FLOATS:
+    if elem not in _INTEGERS:
         if not fmod:
             raise ctx.refuse(
                 node, boundary, f"fmod=0 is not defined for {type_name(elem)} inputs at Mod-10"
             )  # fmt: skip
+        if elem == ir.DataType.DOUBLE:
+            raise ctx.refuse(
+                node, boundary, "the remainder of double values is computed exactly in a wider "
+                "type, and none holds every double"
+            )  # fmt: skip
         if elem not in _QUOTIENT_BITS:
             raise ctx.refuse(
                 node, boundary, f"the remainder of {type_name(elem)} values is computed exactly "
-                "in a wider type, and none holds every double"
+                "in double, and no Cast before opset 13 reads them"
             )  # fmt: skip
         _float_fmod(nodes, a, b, elem, shape, node.outputs[0])
         return nodes.nodes
