@@ -295,7 +295,8 @@ def _gathernd_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         b.op("Gather", [data, counted], None, output=node.outputs[0], axis=0)
         return b.nodes
     offsets, lengths = _tuple_offsets(b, data, indices, rank, tuple_length, keepdims=0)
-    rows = vector(b, [-1, *lengths.of(range(tuple_length, rank))])
+    row_count = product(b, lengths.of(range(tuple_length)))
+    rows = vector(b, [row_count, *lengths.of(range(tuple_length, rank))])
     data_shape = ctx.shape(data)
     kept = data_shape[tuple_length:] if data_shape is not None else [None] * (rank - tuple_length)
     merged = b.op("Reshape", [data, rows], ctx.elem_type(data), [None, *kept])
