@@ -74,7 +74,13 @@ def convert_model(model: ir.Model, target_opset: int, *, in_place: bool = False)
         return converted
     if converted.functions:
         ir.passes.common.InlinePass()(converted)
+    unread = {init for _, init in _unread_initializers(converted.graph)}
     Converter(converted, source, target_opset).lower_graph(converted.graph)
+    # the constants that rewrites stopped reading (a Pad's pads, now an attribute) or made and
+    # did not read in the end go; those the model itself did not read stay
+    for graph, init in _unread_initializers(converted.graph):
+        if init not in unread:
+            graph.initializers.pop(init.name)
     # The values that rewrites removed left the graph with the nodes that computed them, and
     # their shapes with them: no stale shape remains to drop.
     for domain in list(converted.opset_imports):
@@ -84,6 +90,17 @@ def convert_model(model: ir.Model, target_opset: int, *, in_place: bool = False)
     if converted.ir_version < 4:
         _declare_initializers_as_inputs(converted.graph)
     return converted
+
+
+def _unread_initializers(root: ir.Graph) -> list[tuple[ir.Graph, ir.Value]]:
+    """The initializers of ``root`` and of its subgraphs that no node reads and that are no
+    input or output of their graph, each with its graph."""
+    return [
+        (graph, init)
+        for graph in _ir.graphs(root)
+        for init in graph.initializers.values()
+        if not init.uses() and not init.is_graph_input() and not init.is_graph_output()
+    ]
 
 
 def _declare_initializers_as_inputs(root: ir.Graph) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from torchscan.onnx._convert._adapters_gather import pad_by_concat
 from torchscan.onnx._convert._context import (
     FLOATS,
     VALUE_PRESERVING,
@@ -176,24 +177,28 @@ def _topk_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
 
 @register("", "Pad", 11)
 def _pad_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
-    """Pad-11 takes ``pads`` and ``constant_value`` as inputs; Pad-2 takes the attributes
-    ``pads`` and ``value``, a float, so the value must be exactly a float."""
-    pads = ctx.require_const(node, boundary, 1, "pads")
+    """Pad-11 takes ``pads`` and ``constant_value`` as inputs, and data of every type; Pad-2
+    takes the attributes ``pads`` and ``value``, a float, and floating-point data only. In
+    constant mode, data of another type (``F.pad`` of int64 labels), or a value that is not
+    exactly a float or is computed at run time, is padded by concatenating blocks of the value
+    instead (``_adapters_gather.pad_by_concat``)."""
+    pads = ctx.require_const(node, boundary, 1, "pads").reshape(-1)
     mode = attribute(node, "mode", "constant")
     value = None
-    if len(present_inputs(node)) > 2 and mode == "constant":
-        constant = ctx.require_const(node, boundary, 2, "constant_value").reshape(-1)
-        as_float = exactly(constant, np.dtype(np.float32))
-        if as_float is None:
-            raise ctx.refuse(
-                node, boundary, f"its constant_value {constant[0]} is not exactly a float, the "
-                "type of Pad-2's value attribute"
-            )  # fmt: skip
-        value = float(as_float[0])
+    if mode == "constant":
+        given = len(present_inputs(node)) > 2
+        constant = ctx.const(node.inputs[2]) if given else None
+        constant = None if constant is None else constant.reshape(-1)
+        as_float = None if constant is None else exactly(constant, np.dtype(np.float32))
+        elem = ctx.elem_type(node.inputs[0])
+        if (elem is not None and elem not in FLOATS) or (given and as_float is None):
+            return pad_by_concat(node, ctx, boundary, pads)
+        if as_float is not None:
+            value = float(as_float[0])
     truncate_inputs(node, 1)
     _clear_attributes(node)
     set_attribute(node, "mode", mode)
-    set_attribute(node, "pads", [int(p) for p in pads.reshape(-1)])
+    set_attribute(node, "pads", [int(p) for p in pads])
     if value is not None:
         set_attribute(node, "value", value)
     return [node]

@@ -1,5 +1,6 @@
-"""Adapters for comparisons and selections: Equal of floats, Min, Max and Clip of integers, and
-Less and Greater of 64-bit integers, computed exactly with what older opsets have.
+"""Adapters for comparisons, selections and remainders: Equal of floats, Min, Max and Clip of
+integers, Less and Greater of 64-bit integers, and Mod, computed exactly with what older opsets
+have.
 
 Each adapter is registered for ``("", op, b)`` and returns nodes valid at opset ``b - 1`` (see
 ``_adapters_attributes``); each docstring quotes the change of the specification it undoes.
@@ -12,7 +13,14 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._context import FLOATS, Context, np_dtype, type_name
+from torchscan.onnx._convert._context import (
+    FLOATS,
+    Builder,
+    Context,
+    attribute,
+    np_dtype,
+    type_name,
+)
 from torchscan.onnx._convert._registry import register
 
 _BOOL, _DOUBLE = ir.DataType.BOOL, ir.DataType.DOUBLE
@@ -166,3 +174,130 @@ def _compare_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     key = op("Add", [op("Mul", [dh, scale], _DOUBLE, shape), dl], _DOUBLE, shape)
     zero = ctx.add_const(np.float64(0.0), "zero")
     return [*made, ctx.make_node(node.op_type, [key, zero], [node.outputs[0]])]
+
+
+# -- Mod ------------------------------------------------------------------------------------------
+
+_SIGNED = frozenset({ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT32, ir.DataType.INT64})
+_UNSIGNED = frozenset(
+    {ir.DataType.UINT8, ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64}
+)
+
+_INTEGERS = _SIGNED | _UNSIGNED
+
+# For each floating-point type that a double holds with room to spare: a bound B with
+# |a / b| < 2**B for all finite a and non-zero b of the type (the largest finite value over the
+# smallest subnormal one).
+_QUOTIENT_BITS = {ir.DataType.FLOAT16: 40, ir.DataType.FLOAT: 277}
+_STEP_BITS = 28  # the bits of the quotient taken at each step of the float remainder
+
+
+@register("", "Mod", 10)
+def _mod_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    """Mod does not exist before opset 10. For integers, ``fmod=1`` is C's ``%``, whose result has
+    the sign of the dividend, and ``fmod=0`` Python's ``%``, with the sign of the divisor. Both
+    are computed from the quotient truncated towards zero, which is integer ``Div``:
+    ``r = a - (a / b) * b``, exact for every value as integer arithmetic wraps around; for
+    ``fmod=0``, ``b`` is added where ``r`` is not zero and its sign differs from ``b``'s (the
+    signs compared as the sign of ``r * b`` in double, which is exact).
+
+    Floating-point inputs (``fmod=1``, which Mod-10 requires for them: ``torch.fmod``) are
+    computed exactly in double, see ``_float_fmod``; double inputs have no wider type and are
+    refused."""
+    a, b = node.inputs
+    elem = ctx.elem_type(a)
+    if elem is None:
+        raise ctx.refuse(node, boundary, "the type of its inputs is unknown")
+    fmod = attribute(node, "fmod", 0)
+    nodes = Builder(ctx)
+    shape = _static_broadcast(ctx, [a, b])
+    if elem not in _INTEGERS:
+        if not fmod:
+            raise ctx.refuse(
+                node, boundary, f"fmod=0 is not defined for {type_name(elem)} inputs at Mod-10"
+            )  # fmt: skip
+        if elem == ir.DataType.DOUBLE:
+            raise ctx.refuse(
+                node, boundary, "the remainder of double values is computed exactly in a wider "
+                "type, and none holds every double"
+            )  # fmt: skip
+        if elem not in _QUOTIENT_BITS:
+            raise ctx.refuse(
+                node, boundary, f"the remainder of {type_name(elem)} values is computed exactly "
+                "in double, and no Cast before opset 13 reads them"
+            )  # fmt: skip
+        _float_fmod(nodes, a, b, elem, shape, node.outputs[0])
+        return nodes.nodes
+    quotient = nodes.op("Div", [a, b], elem, shape)
+    multiple = nodes.op("Mul", [quotient, b], elem, shape)
+    if fmod or elem in _UNSIGNED:
+        nodes.op("Sub", [a, multiple], None, output=node.outputs[0])
+        return nodes.nodes
+    remainder = nodes.op("Sub", [a, multiple], elem, shape)
+    signs = nodes.op(
+        "Mul",
+        [nodes.op("Cast", [v], _DOUBLE, ctx.shape(v), to=_DOUBLE) for v in (remainder, b)],
+        _DOUBLE,
+        shape,
+    )
+    opposite = nodes.op("Less", [signs, nodes.const(np.float64(0.0), "zero")], _BOOL, shape)
+    flag = nodes.op("Cast", [opposite], elem, shape, to=elem)
+    correction = nodes.op("Mul", [flag, b], elem, shape)
+    nodes.op("Add", [remainder, correction], None, output=node.outputs[0])
+    return nodes.nodes
+
+
+def _float_fmod(
+    nodes: Builder,
+    a: ir.Value,
+    b: ir.Value,
+    elem: ir.DataType,
+    shape: list[int] | None,
+    output: ir.Value,
+) -> None:
+    """``fmod(a, b)``, exactly, for float16 and float ``a`` and ``b``, in double and without Where
+    (which opset 8 lacks).
+
+    The remainder of ``x = |a|`` by ``y = |b|`` is exact and a value of the type; it is reduced in
+    steps: with ``d = y * 2**S``, for S = 28k down to 0, ``x -= floor(x / d) * d``, and ``d`` is
+    added back where that made ``x`` negative (the quotient rounded up to an integer). Before
+    each step ``x < d * 2**28``, so the multiple of ``d`` has at most 29 + 24 bits and is exact in
+    double, and the difference is exact (Sterbenz' lemma); after it ``0 <= x < d``. An infinite
+    ``y`` is replaced by 2**200, larger than any finite ``x``. The result takes the sign of ``a``
+    (of -0.0 too, found as the sign of ``1 / a``), and is NaN, by adding ``-0.0 / 0``, where ``x``
+    is infinite or NaN or ``y`` is zero or NaN; elsewhere ``-0.0`` is added, which changes
+    nothing."""
+
+    def const(value: float, base: str) -> ir.Value:
+        return nodes.const(np.float64(value), base)
+
+    def op(
+        name: str, inputs: list[ir.Value], kind: ir.DataType = _DOUBLE, of=shape, **attrs
+    ) -> ir.Value:
+        return nodes.op(name, inputs, kind, of, **attrs)
+
+    a_shape, b_shape = nodes.ctx.shape(a), nodes.ctx.shape(b)
+    a_wide = op("Cast", [a], of=a_shape, to=_DOUBLE)
+    x = op("Abs", [a_wide], of=a_shape)
+    y = op("Abs", [op("Cast", [b], of=b_shape, to=_DOUBLE)], of=b_shape)
+    divisor = op("Min", [y, const(2.0**200, "unbounded")], of=b_shape)
+    top = -(-(_QUOTIENT_BITS[elem] - _STEP_BITS) // _STEP_BITS) * _STEP_BITS
+    zero = const(0.0, "zero")
+    remainder = x
+    for scale in range(top, -1, -_STEP_BITS):
+        step = op("Mul", [divisor, const(2.0**scale, "scale")], of=b_shape) if scale else divisor
+        whole = op("Floor", [op("Div", [remainder, step])])
+        reduced = op("Sub", [remainder, op("Mul", [whole, step])])
+        below = op("Cast", [op("Less", [reduced, zero], _BOOL)], to=_DOUBLE)
+        remainder = op("Add", [reduced, op("Mul", [below, step])])
+    finite_x = op("Less", [x, const(np.inf, "infinity")], _BOOL, of=a_shape)
+    positive_y = op("Greater", [y, zero], _BOOL, of=b_shape)
+    valid = op("Cast", [op("And", [finite_x, positive_y], _BOOL)], to=_DOUBLE)
+    nan_or_zero = op("Div", [const(-0.0, "negative_zero"), valid])
+    magnitude = op("Add", [remainder, nan_or_zero])
+    inverse = op("Div", [const(1.0, "one"), a_wide], of=a_shape)
+    negative = op("Cast", [op("Less", [inverse, zero], _BOOL, of=a_shape)], of=a_shape, to=_DOUBLE)
+    twice = op("Mul", [negative, const(2.0, "two")], of=a_shape)
+    sign = op("Sub", [const(1.0, "one"), twice], of=a_shape)
+    signed = op("Mul", [magnitude, sign])
+    nodes.op("Cast", [signed], None, output=output, to=elem)

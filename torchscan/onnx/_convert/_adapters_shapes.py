@@ -1,6 +1,6 @@
 """Adapters for slicing, gathering and axes: Slice's inputs and strides, negative axes and
-indices (opset 11), padding of convolutions and pools, and the gathering and selecting operators
-that older opsets lack (GatherND, Where, ConstantOfShape).
+indices (opset 11), padding of convolutions and pools, and the selecting operators that older
+opsets lack (Where, ConstantOfShape; the gathering ones are in ``_adapters_gather``).
 
 Each adapter is registered for ``("", op, b)`` and returns nodes valid at opset ``b - 1`` (see
 ``_adapters_attributes``); each docstring quotes the change of the specification it undoes.
@@ -366,25 +366,6 @@ def _auto_pad_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
 
 
 # -- operators that older opsets lack ------------------------------------------------------------
-
-
-@register("", "GatherND", 11)
-def _gathernd_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
-    """GatherND does not exist before opset 11. With index tuples of length 1 (``indices`` of
-    shape [..., 1], what torch.onnx makes of ``x[:, idx]``) it gathers slices along axis 0, as
-    Gather does; its negative indices, counted from the back, are counted from the front."""
-    data, indices = node.inputs[0], node.inputs[1]
-    shape = ctx.shape(indices)
-    if not shape or shape[-1] != 1:
-        raise ctx.refuse(
-            node, boundary, "only index tuples of length 1, indices of a static shape [..., 1], "
-            "have an equivalent, a Gather"
-        )  # fmt: skip
-    squeezed = ctx.make_node("Squeeze", [indices], axes=[len(shape) - 1])
-    ctx.set_type(squeezed.outputs[0], ctx.elem_type(indices), shape[:-1])
-    counting, counted = _indices_from_front(ctx, node, boundary, data, 0, squeezed.outputs[0])
-    gather = ctx.make_node("Gather", [data, counted], [node.outputs[0]], axis=0)
-    return [squeezed, *counting, gather]
 
 
 @register("", "ConstantOfShape", 9)

@@ -457,3 +457,35 @@ def replace_graph_output(old: ir.Value, new: ir.Value) -> None:
         for i, output in enumerate(outputs):
             if output is old:
                 outputs[i] = new
+
+
+class Builder:
+    """The nodes an adapter makes one after another, each with the type of what it computes,
+    which later adapters and the check of types at the target read."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.nodes: list[ir.Node] = []
+        self.made: dict[Any, Any] = {}
+        """Values made once and read several times by the adapter, by a key of its own."""
+
+    def op(
+        self,
+        op: str,
+        inputs: Sequence[ir.Value | None],
+        elem: ir.DataType | None,
+        shape: Sequence[int | None] | None = None,
+        *,
+        output: ir.Value | None = None,
+        **attributes: Any,
+    ) -> ir.Value:
+        """A node of ``op`` made and kept; its one output, of type ``elem`` and shape ``shape``,
+        or replacing ``output`` of the node being rewritten."""
+        node = self.ctx.make_node(op, inputs, None if output is None else [output], **attributes)
+        if output is None:
+            self.ctx.set_type(node.outputs[0], elem, shape)
+        self.nodes.append(node)
+        return node.outputs[0]
+
+    def const(self, value: Any, base: str) -> ir.Value:
+        return self.ctx.add_const(value, base)

@@ -18,6 +18,8 @@ from torchscan.onnx import _ir, _schema_diff
 from torchscan.onnx._convert import (  # noqa: F401  (importing them registers their adapters)
     _adapters_attributes,
     _adapters_control,
+    _adapters_einsum,
+    _adapters_gather,
     _adapters_math,
     _adapters_shapes,
 )
