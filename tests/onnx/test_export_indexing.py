@@ -492,3 +492,28 @@ def test_a_slice_of_a_length_read_from_data_that_decides_no_shape_exports() -> N
     for length in LENGTHS:
         inputs = _inputs(length)
         assert_outputs_close(run_onnxruntime(proto, inputs), eager_outputs(model, inputs), proto)
+
+
+class WritesIntoABuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("o", torch.zeros(B, 8))
+
+    def forward(self, x):
+        def body(i, c):
+            self.o[:, i] = c
+            return c + 1, None
+
+        return torchscan.loop(body, torch.zeros(B), trip_count=x.shape[1])[0]
+
+
+def test_a_write_at_the_step_number_into_a_captured_tensor_is_refused() -> None:
+    with pytest.raises(
+        torchscan.ExportError, match="modifies in place a tensor it reads by closure"
+    ):
+        torch.export.export(
+            WritesIntoABuffer(),
+            _inputs(5),
+            dynamic_shapes=({1: torch.export.Dim("T", min=1)},),
+            strict=False,
+        )
