@@ -174,6 +174,24 @@ def test_no_iteration_of_a_body_with_loops_whose_length_needs_data(body, trip_co
     )
 
 
+def test_no_iteration_of_a_body_indexing_with_the_iteration_number() -> None:
+    """``em[batch, i, tags[:, i]]`` (a 0-d index among tensor indices) on fake tensors, where
+    eager torch would read ``i``."""
+    em, tags, batch = randn(2, 4, 3), torch.randint(0, 3, (2, 4)), torch.arange(2)
+
+    def body(i, s):
+        return s + em[batch, i, tags[:, i]], (em[batch, i, tags[:, i]] * s, em[:, i : i + 2])
+
+    carry, ys = torchscan.loop(body, torch.ones(2), trip_count=0)
+    assert torch.equal(carry, torch.ones(2))
+    assert [(y.shape, y.dtype) for y in ys] == [
+        ((0, 2), torch.float32),
+        ((0, 2, 2, 3), torch.float32),
+    ]
+    _, ys = torchscan.loop(body, torch.ones(2), trip_count=2)
+    assert [y.shape for y in ys] == [(2, 2), (2, 2, 2, 3)]
+
+
 def test_a_large_cap_costs_only_the_iterations_that_run() -> None:
     """The iteration numbers are made as they are needed: a cap of 10**12 with an early stop
     must not allocate 10**12 of them."""

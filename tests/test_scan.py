@@ -253,6 +253,22 @@ def test_zero_length_uses_captured_tensors() -> None:
     assert ys.shape == (B, 0, H)
 
 
+def test_zero_length_with_indices_read_from_the_step() -> None:
+    """A step that indexes with a 0-d tensor of xs, on fake tensors, where eager torch would
+    read it: a write, slices of a fixed length, a negative index, a running sum."""
+    x = randn(B, 5, H)
+
+    def step(c, i):
+        o = torch.zeros(B, 5)
+        o[:, i] = 1.0
+        return c, (o, x[:, i : i + 2], x.narrow(1, i, 1), x[:, i - 1], x[:, :i].sum(1))
+
+    _, ys = torchscan.scan(step, torch.zeros(B), torch.arange(0))
+    assert [y.shape for y in ys] == [(0, B, 5), (0, B, 2, H), (0, B, 1, H), (0, B, H), (0, B, H)]
+    _, ys = torchscan.scan(step, torch.zeros(B), torch.arange(3))
+    assert [y.shape for y in ys] == [(3, B, 5), (3, B, 2, H), (3, B, 1, H), (3, B, H), (3, B, H)]
+
+
 # -- autograd ----------------------------------------------------------------------------------
 
 

@@ -178,7 +178,9 @@ def _counter(trips: int | None, device: torch.device) -> Iterator[torch.Tensor]:
 def _empty_ys(body: Callable, carry_type: _checks.CarryType, trip_count: Any) -> Any:
     """``ys`` of a loop that runs no iteration, with the shapes ``body`` would give them."""
     i = torch.zeros((), dtype=torch.int64, device=_device(carry_type.leaves))
-    out = _OUTPUTS.call_on_fake("no iteration runs", body, i, carry_type.init)
+    out = _OUTPUTS.call_on_fake(
+        "no iteration runs", _traced.on_fake_tensors(body), i, carry_type.init
+    )
     if trip_count is None and not _PROTOCOL.has_until(out):
         raise TorchscanValueError(_NEVER_ENDS)
     return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, carry_type, 0), 0)

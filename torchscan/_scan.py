@@ -154,7 +154,7 @@ def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: int) -> Any:
         ],
         plan.xs_spec,
     )
-    out = _OUTPUTS.call_on_fake("xs has length 0", fn, init, fake_x)
+    out = _OUTPUTS.call_on_fake("xs has length 0", _traced.on_fake_tensors(fn), init, fake_x)
     return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, plan.carry_type, axis), axis)
 
 

@@ -8,13 +8,11 @@ from typing import Any
 
 import torch
 
-from torchscan import _pytree
 from torchscan._compat import (
     HigherOrderOperator,
     ProxyTorchDispatchMode,
     check_input_alias_and_mutation_return_outputs,
     detect_fake_mode,
-    non_strict_torch_function_handler,
     pytree,
     reenter_make_fx,
     symbolic_symbols,
@@ -22,6 +20,7 @@ from torchscan._compat import (
     unique_graph_id,
 )
 from torchscan._errors import ExportError
+from torchscan._traced._indexing import BodyIndexing
 
 # -- tracing a body ----------------------------------------------------------------------------
 
@@ -66,33 +65,11 @@ def as_traced_body() -> Iterator[None]:
 
 
 def _export_indexing() -> Any:
-    """Indexing as torch.export's non-strict mode does it at the top level of a model, where
-    ``x[i]`` with a 0-d integer tensor ``i`` becomes ``select(x, 0, i.item())`` instead of
-    failing on a value known only when the model runs. A body is traced below the operator's
-    dispatch, where that handler is no longer active."""
-
-    class BodyIndexing(non_strict_torch_function_handler()):
-        def _override(self, func, args, kwargs):
-            if getattr(func, "__name__", "") == "__getitem__" and len(args) == 2:
-                args = (args[0], _pytree.tree_map(_own_index, args[1], is_leaf=_is_index_leaf))
-            return super()._override(func, args, kwargs)
-
+    """Indexing with 0-d integer tensors (the step number, values read with it) that never
+    reads their values: see ``_indexing``. torch.export's non-strict mode does part of it at the
+    top level of a model, but a body is traced below the operator's dispatch, where that handler
+    is no longer active."""
     return BodyIndexing()
-
-
-def _is_index_leaf(item: Any) -> bool:
-    return isinstance(item, (torch.Tensor, slice))
-
-
-def _own_index(item: Any) -> Any:
-    """A tensor index of the body's own trace. A tensor of an enclosing trace (``w[i]`` in a
-    scan nested in a loop reads the loop's ``i``) reaches a nested body as a constant, and the
-    value read from a constant is known to no trace; a copy made in the body is its own."""
-    if isinstance(item, slice):
-        return slice(*(_own_index(bound) for bound in (item.start, item.stop, item.step)))
-    if isinstance(item, torch.Tensor) and item.ndim == 0 and not item.is_floating_point():
-        return item.clone()
-    return item
 
 
 def _ignore_fresh_unbacked_symbols() -> Any:
