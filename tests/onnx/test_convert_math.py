@@ -269,3 +269,31 @@ def test_mod_and_einsum_in_a_scan_export_below_their_opsets(opset: int) -> None:
         outputs = zip(run_onnxruntime(proto, inputs), eager_outputs(model, inputs), strict=True)
         for got, want in outputs:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- IsInf ----------------------------------------------------------------------------------------
+
+
+@functools.cache
+def isinf(source: int, target: int, dtype: type, positive: int, negative: int) -> Pair:
+    elem = elem_of(dtype)
+    model = model_at(
+        source,
+        [oh.make_node("IsInf", ["x"], ["y"], detect_positive=positive, detect_negative=negative)],
+        [info("x", elem, ["n"])],
+        [info("y", onnx.TensorProto.BOOL, ["n"])],
+    )
+    return Pair(model, target)
+
+
+@pytest.mark.parametrize("target", [9, 8], ids=lambda t: f"opset{t}")
+@pytest.mark.parametrize("detect", [(1, 1), (1, 0), (0, 1), (0, 0)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])  # IsInf-10's types
+def test_isinf_converts_below_opset_10(dtype, detect, target) -> None:
+    """``torch.isinf`` in a log-space recursion (CTC's unreachable states): exact for every value,
+    the largest finite ones, NaN and both infinities included."""
+    finfo = np.finfo(dtype)
+    x = np.array([np.inf, -np.inf, np.nan, finfo.max, finfo.min, 0.0, -0.0, 1.5, finfo.tiny], dtype)
+    positive, negative = detect
+    expected = (np.isposinf(x) & bool(positive)) | (np.isneginf(x) & bool(negative))
+    isinf(10, target, dtype, positive, negative).check({"x": x}, expected)

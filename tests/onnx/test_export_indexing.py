@@ -37,11 +37,10 @@ OPSETS = (9, 13, 18, 25)
 @dataclasses.dataclass(frozen=True)
 class Idiom:
     """``body(i, c, v) -> (new_c, y)``, with ``v`` the tensors of :func:`_tensors`; ``init(v)``
-    the first carry; ``min_opset`` the lowest opset its form converts to today."""
+    the first carry."""
 
     body: Callable
     init: Callable = lambda v: torch.zeros(B, F)
-    min_opset: int = 9
 
 
 def _add(c: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,13 +79,13 @@ IDIOMS = {
     "x.narrow(1, i, k)": Idiom(lambda i, c, v: _add(c, v.xx.narrow(1, i, K)), _keep(K)),
     "w[idx[i]]": Idiom(lambda i, c, v: _add(c, v.w[v.idx[i]])),
     "x[arange(B), i]": Idiom(lambda i, c, v: _add(c, v.x[torch.arange(B), i])),
-    # GatherND with index pairs and ScatterND: converted from opset 11 only, for now
+    # GatherND with index pairs and ScatterND, which the conversion computes below opset 11
     "em[batch, i, tags[:, i]]": Idiom(
-        lambda i, c, v: _add(c, v.x[v.batch, i, v.tags[:, i]]), lambda v: torch.zeros(B), 11
+        lambda i, c, v: _add(c, v.x[v.batch, i, v.tags[:, i]]), lambda v: torch.zeros(B)
     ),
-    "o[:, i] = v (a buffer of the body)": Idiom(_write_in_a_new_buffer, min_opset=11),
+    "o[:, i] = v (a buffer of the body)": Idiom(_write_in_a_new_buffer),
     "o[:, :, i] = v (the carry)": Idiom(
-        _write_in_the_carry, lambda v: torch.zeros(B, F, v.x.shape[1]), 11
+        _write_in_the_carry, lambda v: torch.zeros(B, F, v.x.shape[1])
     ),
 }
 
@@ -157,7 +156,7 @@ def exported():
 @pytest.mark.parametrize("kind", ["loop", "scan"])
 @pytest.mark.parametrize("name", list(IDIOMS))
 def test_onnxruntime_equals_eager(exported, name: str, kind: str, opset: int) -> None:
-    model, proto = exported(name, kind, max(opset, IDIOMS[name].min_opset))
+    model, proto = exported(name, kind, opset)
     op_types = [node.op_type for node, _ in nodes(proto.graph)]
     assert op_types.count("Loop" if kind == "loop" else "Scan") == 1
     for length in LENGTHS:

@@ -1,6 +1,6 @@
-"""Adapters for comparisons, selections and remainders: Equal of floats, Min, Max and Clip of
-integers, Less and Greater of 64-bit integers, and Mod, computed exactly with what older opsets
-have.
+"""Adapters for comparisons, selections and remainders: Equal of floats, IsInf, Min, Max and
+Clip of integers, Less and Greater of 64-bit integers, and Mod, computed exactly with what older
+opsets have.
 
 Each adapter is registered for ``("", op, b)`` and returns nodes valid at opset ``b - 1`` (see
 ``_adapters_attributes``); each docstring quotes the change of the specification it undoes.
@@ -52,6 +52,35 @@ def _equal_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     for m in made:
         ctx.set_type(m.outputs[0], _BOOL, None)
     return [*made, equal]
+
+
+@register("", "IsInf", 10)
+def _isinf_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    """IsInf does not exist before opset 10. Below, ``x`` is +inf exactly where it is greater
+    than the largest finite value of its type, and -inf where it is less than the lowest (NaN is
+    neither); Less and Greater take floats at every opset."""
+    elem = ctx.elem_type(node.inputs[0])
+    if elem not in FLOATS or elem == ir.DataType.BFLOAT16:
+        raise ctx.refuse(node, boundary, f"the type of its input is {type_name(elem)}")
+    x, shape = node.inputs[0], ctx.shape(node.inputs[0])
+    finfo = np.finfo(np_dtype(elem))
+    positive = attribute(node, "detect_positive", 1)
+    negative = attribute(node, "detect_negative", 1)
+    build = Builder(ctx)
+    found = []
+    if positive:
+        largest = build.const(np.array(finfo.max, dtype=np_dtype(elem)), "largest")
+        found.append(build.op("Greater", [x, largest], _BOOL, shape))
+    if negative:
+        lowest = build.const(np.array(finfo.min, dtype=np_dtype(elem)), "lowest")
+        found.append(build.op("Less", [x, lowest], _BOOL, shape))
+    if len(found) == 2:
+        build.op("Or", found, _BOOL, output=node.outputs[0])
+    elif found:
+        build.op("Identity", found, _BOOL, output=node.outputs[0])
+    else:  # neither: false everywhere, x > x for every x, NaN included
+        build.op("Greater", [x, x], _BOOL, output=node.outputs[0])
+    return build.nodes
 
 
 def _static_broadcast(ctx: Context, values: Sequence[ir.Value]) -> list[int] | None:
