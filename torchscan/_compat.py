@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from types import ModuleType
+from types import CodeType, ModuleType, SimpleNamespace
 from typing import Any
 
 import torch.utils._cxx_pytree as cxx_pytree
@@ -40,6 +40,8 @@ from torch.fx.experimental.proxy_tensor import (
     disable_proxy_modes_tracing,
     track_tensor_tree,
 )
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.proxy import _register_stack_trace_anchor
 
 __all__ = [
     "ONNX_EXPORTER_MODULE",
@@ -48,6 +50,7 @@ __all__ = [
     "PRIVATE_API",
     "DispatchKey",
     "FakeTensorMode",
+    "GuardOnDataDependentSymNode",
     "HigherOrderOperator",
     "PrivateSymbol",
     "ProxyTorchDispatchMode",
@@ -64,6 +67,7 @@ __all__ = [
     "pytree",
     "reenter_make_fx",
     "register_fake",
+    "register_stack_trace_anchor",
     "shape_env",
     "symbolic_symbols",
     "track_tensor_tree",
@@ -97,6 +101,12 @@ def non_strict_torch_function_handler() -> type:
     from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
 
     return _NonStrictTorchFunctionHandler
+
+
+def register_stack_trace_anchor(code: CodeType) -> None:
+    """Have torch keep the frames of ``code`` in the stack traces it records on the nodes of an
+    exported graph, where it keeps only ``forward`` methods and the frames registered."""
+    _register_stack_trace_anchor(SimpleNamespace(__code__=code))
 
 
 def shape_env() -> Any:
@@ -277,6 +287,17 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "torch.fx.experimental.symbolic_shapes",
         "ShapeEnv.create_unbacked_symint",
         "the length of a loop that may stop early",
+    ),
+    PrivateSymbol(
+        "torch.fx.experimental.symbolic_shapes",
+        "GuardOnDataDependentSymNode",
+        "name the line of a step that reads a tensor's value in Python",
+    ),
+    PrivateSymbol(
+        "torch.fx.proxy",
+        "_register_stack_trace_anchor",
+        "keep the lines of step functions in the stack traces of exported nodes",
+        ("fn",),
     ),
     PrivateSymbol(
         "torch._export.non_strict_utils",

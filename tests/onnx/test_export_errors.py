@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 import logging
 import warnings
+from pathlib import Path
 
 import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 import pytest
 import torch
+from onnxscript import opset18
 
 import torchscan
 import torchscan.onnx
@@ -18,6 +20,7 @@ from torchscan.onnx._convert import OpsetConversionError
 from torchscan.onnx._hooks import check_loop_types
 
 from .._export import onnx_export
+from ._runtimes import assert_outputs_close, eager_outputs, run_onnxruntime
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
@@ -369,3 +372,169 @@ def test_conversion_refusals_name_the_real_blocker(model, opset: int, message: s
     with pytest.raises(OpsetConversionError) as info:
         export(model().eval(), opset)
     assert str(info.value) == message
+
+
+# -- what torch cannot trace or translate in a step ---------------------------------------------
+
+T = torch.export.Dim("T", min=1)
+
+
+def export_dynamic(model: torch.nn.Module, args: tuple, **kwargs):
+    """At opset 18, the sequences (the first argument) of any length."""
+    dynamic = ({0: T}, *[None] * (len(args) - 1))
+    return onnx_export(model, args, opset_version=18, dynamic_shapes=dynamic, **kwargs)
+
+
+def line_of(mark: str) -> str:
+    """``file:line`` of the line of this file that ends with the comment ``# <mark>``."""
+    lines = Path(__file__).read_text().splitlines()
+    (number,) = [i for i, line in enumerate(lines, 1) if line.endswith(f"  # <{mark}>")]
+    return f"{__file__}:{number}"
+
+
+class Linalg(torch.nn.Module):
+    """A Kalman-like step that inverts, solves with or factors the matrix it computes."""
+
+    def __init__(self, function: str) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, Ss, P):
+        def step(P, S):
+            A = S + P
+            if self.function == "linalg.inv":
+                return torch.linalg.inv(A), P  # <linalg.inv>
+            if self.function == "linalg.solve":
+                return torch.linalg.solve(A, P), P  # <linalg.solve>
+            return torch.linalg.cholesky(A), P  # <linalg.cholesky>
+
+        return torchscan.scan(step, P, Ss)
+
+
+MATRICES = (torch.eye(2).repeat(3, 1, 1) * 2, torch.eye(2))
+
+
+@pytest.mark.parametrize(
+    ("function", "invalid", "closed_form"),
+    [
+        (
+            "linalg.inv", "a singular matrix",
+            "for a 2x2 or 3x3 matrix, the adjugate divided by torch.linalg.det, which exports",
+        ),
+        (
+            "linalg.solve", "a singular matrix",
+            "for a small system A x = b, the adjugate of A times b divided by "
+            "torch.linalg.det(A), which exports",
+        ),
+        (
+            "linalg.cholesky", "a matrix that is not positive-definite",
+            "for a 2x2 matrix [[a, b], [b, d]], [[sqrt(a), 0], [b / sqrt(a), "
+            "sqrt(d - b * b / a)]]",
+        ),
+    ],
+    ids=["inv", "solve", "cholesky"],
+)  # fmt: skip
+def test_linalg_functions_that_check_their_input_are_refused(function, invalid, closed_form):
+    """torch decomposes them into their ``_ex`` form and an error check with an effect token,
+    which a loop step cannot hold; torch.onnx has no translation of them either."""
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(Linalg(function), MATRICES)
+    aten = function.replace(".", "_")
+    assert str(info.value) == (
+        f"torchscan.scan: fn (Linalg.forward.<locals>.step) calls torch.{function} at "
+        f"{line_of(function)}, which cannot be exported in a loop step: torch raises an error on "
+        f"{invalid}, a side effect that torch.export cannot keep inside a loop, and torch.onnx "
+        f"has no translation of torch.{function}. Write it out in closed form ({closed_form}), "
+        "or give torch.onnx.export a translation: custom_translation_table="
+        f"{{torch.ops.aten.{aten}.default: <an ONNX Script function>}}."
+    )
+
+
+def stand_in(a, *args, **kwargs):
+    """A translation in custom_translation_table: the first input as it is."""
+    return opset18.Identity(a)
+
+
+@pytest.mark.parametrize(
+    ("model", "args", "op"),
+    [
+        (Linalg("linalg.inv"), MATRICES, torch.ops.aten.linalg_inv.default),
+        (Linalg("linalg.cholesky"), MATRICES, torch.ops.aten.linalg_cholesky.default),
+    ],
+    ids=["inv", "cholesky"],
+)
+def test_the_translation_the_refusal_names_exports(model, args, op) -> None:
+    program = export_dynamic(model, args, custom_translation_table={op: stand_in})
+    assert [node.op_type for node in program.model_proto.graph.node] == ["Scan"]
+
+
+class ClosedFormInverse(torch.nn.Module):
+    def forward(self, Ss, P):
+        def step(P, S):
+            A = S + P
+            adjugate = torch.stack([A[1, 1], -A[0, 1], -A[1, 0], A[0, 0]]).reshape(2, 2)
+            return adjugate / torch.linalg.det(A), P
+
+        return torchscan.scan(step, P, Ss)
+
+
+def test_the_closed_form_the_refusal_names_exports() -> None:
+    model = ClosedFormInverse()
+    program = export_dynamic(model, MATRICES).model_proto
+    inputs = (torch.eye(2).repeat(5, 1, 1) * 2 + torch.rand(5, 2, 2), MATRICES[1])
+    assert_outputs_close(run_onnxruntime(program, inputs), eager_outputs(model, inputs), program)
+
+
+def positive(h):
+    if h.sum() > 0:  # <helper>
+        return h
+    return -h
+
+
+class BranchesOnValue(torch.nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def forward(self, xs, h):
+        def step(c, x):
+            if self.how == "if":
+                if x.sum() > 0:  # <if>
+                    c = c + x
+            elif self.how == "int":
+                c = c * (2.0, 3.0)[int(x.argmax())]  # <int>
+            else:
+                c = positive(c + x)  # <calls helper>
+            return c, c
+
+        if self.how == "loop":
+            return torchscan.loop(
+                lambda i, c: (c + 1 if c.sum() > 0 else c, c),  # <loop>
+                h,
+                trip_count=xs.shape[0],
+            )
+        return torchscan.scan(step, h, xs)
+
+
+@pytest.mark.parametrize(
+    ("how", "who", "where"),
+    [
+        ("if", "torchscan.scan: fn (BranchesOnValue.forward.<locals>.step)", line_of("if")),
+        ("int", "torchscan.scan: fn (BranchesOnValue.forward.<locals>.step)", line_of("int")),
+        ("helper", "torchscan.scan: fn (BranchesOnValue.forward.<locals>.step)",
+         f"{line_of('calls helper')} (in positive, {line_of('helper')})"),
+        ("loop", "torchscan.loop: body (BranchesOnValue.forward.<locals>.<lambda>)",
+         line_of("loop")),
+    ],
+    ids=["if", "int", "helper", "loop"],
+)  # fmt: skip
+def test_python_control_flow_on_tensor_values_names_the_line(how: str, who: str, where: str):
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(BranchesOnValue(how), ARGS)
+    assert str(info.value) == (
+        f"{who} reads the value of a tensor at {where}, which is known only when the exported "
+        "model runs: the step is traced once for all steps, so Python control flow on a tensor "
+        "(if, while, bool(), int(), .item()) cannot be exported. Choose between values with "
+        "torch.where(condition, a, b), or between two computations with "
+        "torch.cond(condition, true_fn, false_fn, operands)."
+    )
