@@ -62,6 +62,7 @@ __all__ = [
     "maybe_run_with_interpreter",
     "non_strict_torch_function_handler",
     "onnx_core",
+    "onnx_dispatching",
     "onnx_program",
     "onnx_registration",
     "pytree",
@@ -130,6 +131,12 @@ def onnx_core() -> ModuleType:
 def onnx_program() -> ModuleType:
     """torch.onnx's ``ONNXProgram`` module, which reads ``onnxscript_apis`` too."""
     return importlib.import_module("torch.onnx._internal.exporter._onnx_program")
+
+
+def onnx_dispatching() -> ModuleType:
+    """torch.onnx's choice of a translation for a node: ``dispatch``, which the exporter core
+    calls through the module."""
+    return importlib.import_module("torch.onnx._internal.exporter._dispatching")
 
 
 def onnx_registration() -> ModuleType:
@@ -315,6 +322,17 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     ),
     PrivateSymbol(f"{_ONNX}._core", "onnxscript_apis.optimize", "optimize once", ("model",)),
     PrivateSymbol(f"{_ONNX}._onnx_program", "onnxscript_apis", "the same entry points"),
+    PrivateSymbol(
+        f"{_ONNX}._dispatching",
+        "dispatch",
+        "name the step function and line of an operator torch.onnx cannot translate",
+        ("node", "registry"),
+    ),
+    PrivateSymbol(
+        f"{_ONNX}._core",
+        "_dispatching",
+        "the module through which the exporter core calls dispatch",
+    ),
     PrivateSymbol(
         f"{_ONNX}._registration",
         "ONNXRegistry.get_decomps",

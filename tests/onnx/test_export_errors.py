@@ -485,6 +485,90 @@ def test_the_closed_form_the_refusal_names_exports() -> None:
     assert_outputs_close(run_onnxruntime(program, inputs), eager_outputs(model, inputs), program)
 
 
+class Kthvalue(torch.nn.Module):
+    def forward(self, xs, h):
+        def step(c, x):
+            c = c + torch.kthvalue(x, 1).values  # <kthvalue>
+            return c, c
+
+        return torchscan.scan(step, h, xs)
+
+
+class Digamma(torch.nn.Module):
+    def forward(self, xs, h):
+        return torchscan.loop(
+            lambda i, c: (torch.digamma(c + xs[i]), c),  # <digamma>
+            h,
+            trip_count=xs.shape[0],
+        )
+
+
+class NestedDigamma(torch.nn.Module):
+    def forward(self, xs, h):
+        def outer(i, c):
+            def inner(d, x):
+                return d + torch.digamma(x), d  # <nested digamma>
+
+            return torchscan.scan(inner, c, xs)[0], None
+
+        return torchscan.loop(outer, h, trip_count=2)[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "called", "message"),
+    [
+        (Kthvalue, "aten.kthvalue.default", "torchscan.scan: fn (Kthvalue.forward.<locals>.step) "
+         f"calls aten.kthvalue.default at {line_of('kthvalue')}, which torch.onnx cannot translate "
+         "to ONNX."),
+        (Digamma, "aten.digamma.default",
+         f"torchscan.loop: body (Digamma.forward.<locals>.<lambda>) calls aten.digamma.default "
+         f"at {line_of('digamma')}, which torch.onnx cannot translate "
+         "to ONNX (torch decomposes it into prims.digamma.default, which has none)."),
+        (NestedDigamma, "aten.digamma.default", "torchscan.scan: fn "
+         "(NestedDigamma.forward.<locals>.outer.<locals>.inner) calls aten.digamma.default at "
+         f"{line_of('nested digamma')}, which torch.onnx cannot translate to ONNX (torch "
+         "decomposes it into prims.digamma.default, which has none)."),
+    ],
+    ids=["scan", "loop-decomposed", "nested"],
+)  # fmt: skip
+def test_operators_without_translation_name_the_step(model, called: str, message: str) -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(model(), ARGS)
+    assert str(info.value) == (
+        f"{message} Compute it with operators that torch.onnx translates, or give "
+        f"torch.onnx.export a translation: custom_translation_table={{torch.ops.{called}: <an "
+        "ONNX Script function>}."
+    )
+
+
+def test_the_operator_the_refusal_names_is_the_one_to_translate() -> None:
+    """A translation of the operator called keeps torch from decomposing it."""
+    table = {torch.ops.aten.digamma.default: stand_in}
+    program = export_dynamic(Digamma(), ARGS, custom_translation_table=table)
+    assert [node.op_type for node in program.model_proto.graph.node][-1] == "Loop"
+
+
+class ComplexExp(torch.nn.Module):
+    def forward(self, xs, h):
+        def step(c, x):
+            z = torch.exp(torch.complex(c, x))  # <complex>
+            return z.real, z.imag
+
+        return torchscan.scan(step, h, xs)
+
+
+def test_complex_operators_without_translation_name_the_step() -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(ComplexExp(), ARGS)
+    assert str(info.value) == (
+        "torchscan.scan: fn (ComplexExp.forward.<locals>.step) calls aten.exp.default on a "
+        f"complex tensor at {line_of('complex')}, which torch.onnx cannot translate: it exports "
+        "few operators of complex tensors. Carry the real and imaginary parts as two real tensors "
+        "and write the complex arithmetic out with them: (a + ib)(c + id) = (ac - bd) + "
+        "i(ad + bc), exp(a + ib) = exp(a)(cos b + i sin b)."
+    )
+
+
 def positive(h):
     if h.sum() > 0:  # <helper>
         return h

@@ -220,3 +220,41 @@ def _side_effect(node: torch.fx.Node, step: StepSource | None) -> ExportError:
         f"{who} calls {op}{where}, which has a side effect that torch.export cannot keep inside a "
         "loop step. Call it outside the loop."
     )
+
+
+# -- operators torch.onnx cannot translate -----------------------------------------------------
+
+
+def untranslatable(node: torch.fx.Node) -> ExportError | None:
+    """The refusal of a node of a loop body that torch.onnx found no translation for, naming
+    the operator the user called; None for a node of no loop body."""
+    step = node.graph.owning_module.meta.get(STEP_KEY) if node.graph.owning_module else None
+    if step is None:
+        return None
+    op = str(node.target)
+    called = str(node.meta.get("original_aten") or op)
+    where = _where(step, _node_frames(node))
+    decomposed = f" (torch decomposes it into {op}, which has none)" if called != op else ""
+    if any(_is_complex(arg) for arg in [*node.args, *node.kwargs.values()]):
+        return ExportError(
+            f"{step.who} calls {called} on a complex tensor{where}, which torch.onnx cannot "
+            f"translate{decomposed}: it exports few operators of complex tensors. Carry the real "
+            "and imaginary parts as two real tensors and write the complex arithmetic out with "
+            "them: (a + ib)(c + id) = (ac - bd) + i(ad + bc), "
+            "exp(a + ib) = exp(a)(cos b + i sin b)."
+        )
+    return ExportError(
+        f"{step.who} calls {called}{where}, which torch.onnx cannot translate to ONNX"
+        f"{decomposed}. Compute it with operators that torch.onnx translates, or give "
+        f"torch.onnx.export a translation: custom_translation_table={{torch.ops.{called}: <an "
+        "ONNX Script function>}."
+    )
+
+
+def _is_complex(arg: Any) -> bool:
+    if isinstance(arg, torch.fx.Node):
+        value = arg.meta.get("val")
+        return isinstance(value, torch.Tensor) and value.is_complex()
+    if isinstance(arg, (list, tuple)):
+        return any(_is_complex(a) for a in arg)
+    return False
