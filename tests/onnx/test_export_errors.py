@@ -622,3 +622,16 @@ def test_python_control_flow_on_tensor_values_names_the_line(how: str, who: str,
         "torch.where(condition, a, b), or between two computations with "
         "torch.cond(condition, true_fn, false_fn, operands)."
     )
+
+
+def test_strict_export_is_refused_before_the_step_is_traced() -> None:
+    """torch.onnx.export tries strict mode after a failed non-strict export: TorchDynamo stops at
+    the loop instead of tracing its step, which can take minutes."""
+    with pytest.raises(RuntimeError) as info:
+        torch.export.export(BranchesOnValue("if"), ARGS, strict=True)
+    assert (
+        "torchscan.scan cannot be exported by torch.export.export(..., strict=True): TorchDynamo, "
+        "which strict mode runs, does not support torchscan's loop operators. Export with "
+        "strict=False, torch.export.export's default and what torch.onnx.export(..., "
+        "dynamo=True) tries first."
+    ) in str(info.value)
