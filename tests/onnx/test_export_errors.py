@@ -16,6 +16,7 @@ from onnxscript import opset18
 
 import torchscan
 import torchscan.onnx
+import torchscan.theano
 from torchscan.onnx._convert import OpsetConversionError
 from torchscan.onnx._hooks import check_loop_types
 
@@ -635,3 +636,21 @@ def test_strict_export_is_refused_before_the_step_is_traced() -> None:
         "strict=False, torch.export.export's default and what torch.onnx.export(..., "
         "dynamo=True) tries first."
     ) in str(info.value)
+
+
+class TheanoBranches(torch.nn.Module):
+    def forward(self, xs, h):
+        def step(x, c):
+            return c + x if x.sum() > 0 else c  # <theano>
+
+        outputs, _ = torchscan.theano.scan(step, sequences=xs, outputs_info=h)
+        return outputs
+
+
+def test_theano_refusals_name_the_users_fn() -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(TheanoBranches(), ARGS)
+    assert str(info.value).startswith(
+        "torchscan.scan: fn (TheanoBranches.forward.<locals>.step) reads the value of a tensor at "
+        f"{line_of('theano')}, which is known only when the exported model runs"
+    )
