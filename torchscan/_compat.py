@@ -72,6 +72,7 @@ __all__ = [
     "shape_env",
     "symbolic_symbols",
     "track_tensor_tree",
+    "uncaptured_operator_error",
     "unique_graph_id",
 ]
 
@@ -108,6 +109,14 @@ def register_stack_trace_anchor(code: CodeType) -> None:
     """Have torch keep the frames of ``code`` in the stack traces it records on the nodes of an
     exported graph, where it keeps only ``forward`` methods and the frames registered."""
     _register_stack_trace_anchor(SimpleNamespace(__code__=code))
+
+
+def uncaptured_operator_error() -> type[Exception]:
+    """The error of a higher-order operator (``torch.cond``) whose functions TorchDynamo could
+    not trace."""
+    from torch._dynamo.exc import UncapturedHigherOrderOpError
+
+    return UncapturedHigherOrderOpError
 
 
 def shape_env() -> Any:
@@ -299,6 +308,11 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "torch.fx.experimental.symbolic_shapes",
         "GuardOnDataDependentSymNode",
         "name the line of a step that reads a tensor's value in Python",
+    ),
+    PrivateSymbol(
+        "torch._dynamo.exc",
+        "UncapturedHigherOrderOpError",
+        "name the line of a torch.cond in a step whose branches TorchDynamo could not trace",
     ),
     PrivateSymbol(
         "torch.fx.proxy",

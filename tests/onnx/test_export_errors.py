@@ -654,3 +654,31 @@ def test_theano_refusals_name_the_users_fn() -> None:
         "torchscan.scan: fn (TheanoBranches.forward.<locals>.step) reads the value of a tensor at "
         f"{line_of('theano')}, which is known only when the exported model runs"
     )
+
+
+class CondCallsSubmodule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+
+    def forward(self, xs, h):
+        def step(c, x):
+            c = torch.cond(x.sum() > 0, lambda: self.linear(c + x), lambda: c - x)  # <cond>
+            return c, c
+
+        return torchscan.scan(step, h, xs)
+
+
+def test_cond_whose_branch_calls_a_submodule_names_the_line() -> None:
+    """torch.cond traces its branches with TorchDynamo, which fails on fx's wrapper of module
+    calls while the step is traced; a branch that only reads tensors exports."""
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(CondCallsSubmodule(), ARGS)
+    assert str(info.value) == (
+        "torchscan.scan: fn (CondCallsSubmodule.forward.<locals>.step) calls torch.cond at "
+        f"{line_of('cond')}, whose branches torch could not trace inside the loop step: "
+        'TorchDynamo, which traces them, reported "Unsafe side effect", as it does for a branch '
+        "that calls a submodule (self.linear(x)) there. Use the submodule's parameters in the "
+        "branch (x @ self.linear.weight.T + self.linear.bias), call the submodule outside "
+        "torch.cond, or choose between values with torch.where(condition, a, b)."
+    )

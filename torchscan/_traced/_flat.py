@@ -11,6 +11,7 @@ from torchscan import _checks, _pytree, _steps
 from torchscan._compat import (
     GuardOnDataDependentSymNode,
     disable_proxy_modes_tracing,
+    uncaptured_operator_error,
 )
 from torchscan._errors import TorchscanValueError
 from torchscan._traced import _step_errors
@@ -67,12 +68,17 @@ class _FlatStep:
         self.refuse_until = False
 
     def call(self, *args: Any) -> Any:
-        """``fn(*args)``; a guard on a tensor's value in the user's code is refused, naming the
-        line."""
+        """``fn(*args)``; a guard on a tensor's value in the user's code, and a ``torch.cond``
+        whose branches TorchDynamo could not trace, are refused, naming the line."""
         try:
             return self.fn(*args)
         except GuardOnDataDependentSymNode as error:
             refusal = _step_errors.data_dependent(self.source, error)
+            if refusal is None:
+                raise
+            raise refusal from None
+        except uncaptured_operator_error() as error:
+            refusal = _step_errors.uncaptured_cond(self.source, error)
             if refusal is None:
                 raise
             raise refusal from None
