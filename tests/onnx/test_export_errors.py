@@ -546,7 +546,7 @@ def test_the_operator_the_refusal_names_is_the_one_to_translate() -> None:
     """A translation of the operator called keeps torch from decomposing it."""
     table = {torch.ops.aten.digamma.default: stand_in}
     program = export_dynamic(Digamma(), ARGS, custom_translation_table=table)
-    assert [node.op_type for node in program.model_proto.graph.node][-1] == "Loop"
+    assert [node.op_type for node in program.model_proto.graph.node].count("Loop") == 1
 
 
 class ComplexExp(torch.nn.Module):
