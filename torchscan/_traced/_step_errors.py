@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import re
 import traceback
 import types
@@ -32,8 +33,9 @@ STEP_KEY = "torchscan_step"
 
 _ATTRIBUTE = "__torchscan_step__"
 
-_TORCH = str(Path(torch.__file__).parent)
-_TORCHSCAN = str(Path(__file__).parent.parent)
+# The packages whose frames are not the user's (with the separator: torchvision is not torch).
+_TORCH = os.path.join(Path(torch.__file__).parent, "")
+_TORCHSCAN = os.path.join(Path(__file__).parent.parent, "")
 
 
 @dataclasses.dataclass(frozen=True)
