@@ -682,3 +682,18 @@ def test_cond_whose_branch_calls_a_submodule_names_the_line() -> None:
         "branch (x @ self.linear.weight.T + self.linear.bias), call the submodule outside "
         "torch.cond, or choose between values with torch.where(condition, a, b)."
     )
+
+
+def test_the_refusal_raised_from_torch_onnx_is_not_in_its_own_context() -> None:
+    """Code that follows ``__cause__`` and ``__context__`` reaches the end."""
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(BranchesOnValue("if"), ARGS)
+    refusal = info.value
+    assert refusal.__cause__ is None
+    assert refusal.__suppress_context__
+    chain, current = [], refusal.__context__
+    while current is not None and len(chain) < 20:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    assert current is None
+    assert refusal not in chain
