@@ -128,3 +128,13 @@ def test_the_refusal_torch_onnx_wrapped_is_found_by_class() -> None:
     plain = RuntimeError("wrapped")
     plain.__cause__ = ValueError("torchscan: a message alone does not make a torchscan error")
     assert _torchscan_cause(plain) is None
+
+
+def test_the_message_stays_torchscans_own() -> None:
+    """torch's graph interpreter rewrites ``args`` of an error that passes through it (a loop
+    body traced again while torch decomposes the program) to append what it was running."""
+    refusal = ExportError("torchscan: the refusal")
+    refusal.args = ("torchscan: the refusal\n\nWhile executing %torchscan_scan",)
+    assert str(refusal) == "torchscan: the refusal"
+    assert refusal.args == ("torchscan: the refusal",)
+    assert repr(refusal) == "ExportError('torchscan: the refusal')"

@@ -64,6 +64,19 @@ def refuse_torchscript(api: str) -> None:
         )
 
 
+def refuse_strict_export(api: str) -> None:
+    """TorchDynamo, which ``torch.export.export(..., strict=True)`` runs, has no support for
+    torchscan's operators: refused before it traces the step function, which can take minutes
+    (torch.onnx.export tries strict mode again after a failed non-strict export)."""
+    if torch.compiler.is_dynamo_compiling() and torch.compiler.is_exporting():
+        raise ExportError(
+            f"{api} cannot be exported by torch.export.export(..., strict=True): TorchDynamo, "
+            "which strict mode runs, does not support torchscan's loop operators. Export with "
+            "strict=False, torch.export.export's default and what torch.onnx.export(..., "
+            "dynamo=True) tries first."
+        )
+
+
 def check_tensor_leaves(api: str, root: str, tree: Any, leaves: Sequence[Any]) -> None:
     """Refuse leaves that are neither tensors nor ``None``."""
     if all(leaf is None or isinstance(leaf, torch.Tensor) for leaf in leaves):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from types import ModuleType
+from types import CodeType, ModuleType, SimpleNamespace
 from typing import Any
 
 import torch.utils._cxx_pytree as cxx_pytree
@@ -40,6 +40,8 @@ from torch.fx.experimental.proxy_tensor import (
     disable_proxy_modes_tracing,
     track_tensor_tree,
 )
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.proxy import _register_stack_trace_anchor
 
 __all__ = [
     "ONNX_EXPORTER_MODULE",
@@ -48,6 +50,7 @@ __all__ = [
     "PRIVATE_API",
     "DispatchKey",
     "FakeTensorMode",
+    "GuardOnDataDependentSymNode",
     "HigherOrderOperator",
     "PrivateSymbol",
     "ProxyTorchDispatchMode",
@@ -59,14 +62,17 @@ __all__ = [
     "maybe_run_with_interpreter",
     "non_strict_torch_function_handler",
     "onnx_core",
+    "onnx_dispatching",
     "onnx_program",
     "onnx_registration",
     "pytree",
     "reenter_make_fx",
     "register_fake",
+    "register_stack_trace_anchor",
     "shape_env",
     "symbolic_symbols",
     "track_tensor_tree",
+    "uncaptured_operator_error",
     "unique_graph_id",
 ]
 
@@ -97,6 +103,20 @@ def non_strict_torch_function_handler() -> type:
     from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
 
     return _NonStrictTorchFunctionHandler
+
+
+def register_stack_trace_anchor(code: CodeType) -> None:
+    """Have torch keep the frames of ``code`` in the stack traces it records on the nodes of an
+    exported graph, where it keeps only ``forward`` methods and the frames registered."""
+    _register_stack_trace_anchor(SimpleNamespace(__code__=code))
+
+
+def uncaptured_operator_error() -> type[Exception]:
+    """The error of a higher-order operator (``torch.cond``) whose functions TorchDynamo could
+    not trace."""
+    from torch._dynamo.exc import UncapturedHigherOrderOpError
+
+    return UncapturedHigherOrderOpError
 
 
 def shape_env() -> Any:
@@ -132,6 +152,12 @@ def onnx_core() -> ModuleType:
 def onnx_program() -> ModuleType:
     """torch.onnx's ``ONNXProgram`` module, which reads ``onnxscript_apis`` too."""
     return importlib.import_module("torch.onnx._internal.exporter._onnx_program")
+
+
+def onnx_dispatching() -> ModuleType:
+    """torch.onnx's choice of a translation for a node: ``dispatch``, which the exporter core
+    calls through the module."""
+    return importlib.import_module("torch.onnx._internal.exporter._dispatching")
 
 
 def onnx_registration() -> ModuleType:
@@ -298,6 +324,22 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "the length of a loop that may stop early",
     ),
     PrivateSymbol(
+        "torch.fx.experimental.symbolic_shapes",
+        "GuardOnDataDependentSymNode",
+        "name the line of a step that reads a tensor's value in Python",
+    ),
+    PrivateSymbol(
+        "torch._dynamo.exc",
+        "UncapturedHigherOrderOpError",
+        "name the line of a torch.cond in a step whose branches TorchDynamo could not trace",
+    ),
+    PrivateSymbol(
+        "torch.fx.proxy",
+        "_register_stack_trace_anchor",
+        "keep the lines of step functions in the stack traces of exported nodes",
+        ("fn",),
+    ),
+    PrivateSymbol(
         "torch._export.non_strict_utils",
         "_NonStrictTorchFunctionHandler._override",
         "index with the step number inside a traced body",
@@ -313,6 +355,17 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     ),
     PrivateSymbol(f"{_ONNX}._core", "onnxscript_apis.optimize", "optimize once", ("model",)),
     PrivateSymbol(f"{_ONNX}._onnx_program", "onnxscript_apis", "the same entry points"),
+    PrivateSymbol(
+        f"{_ONNX}._dispatching",
+        "dispatch",
+        "name the step function and line of an operator torch.onnx cannot translate",
+        ("node", "registry"),
+    ),
+    PrivateSymbol(
+        f"{_ONNX}._core",
+        "_dispatching",
+        "the module through which the exporter core calls dispatch",
+    ),
     PrivateSymbol(
         f"{_ONNX}._registration",
         "ONNXRegistry.get_decomps",

@@ -29,6 +29,18 @@ class TorchscanError(Exception):
     # Tracebacks and reprs name the classes where users import them from.
     __module__ = "torchscan"
 
+    # torch's graph interpreter appends what it was running to the ``args`` of an error that
+    # passes through it (a loop body traced again while torch decomposes the program): the
+    # message stays torchscan's own. (A property rather than ``__init__``, which TorchDynamo
+    # could not trace when it raises one.)
+    @property  # type: ignore[override]
+    def args(self) -> tuple[object, ...]:
+        return BaseException.args.__get__(self)  # type: ignore[attr-defined]
+
+    @args.setter
+    def args(self, value: tuple[object, ...]) -> None:
+        pass
+
 
 class TorchscanTypeError(TorchscanError, TypeError):
     """An argument, or a value the step function returned, of the wrong type, pytree structure,

@@ -104,6 +104,7 @@ def loop(
     """
     _checks.check_callable(_API, "body", body)
     _checks.refuse_torchscript(_API)
+    _checks.refuse_strict_export(_API)
     carry_type = _checks.CarryType(_API, "body", init)
     _checks.check_tensor_leaves(_API, "init", init, carry_type.leaves)
     _checks.check_same_device(_API, [("init", init, carry_type.leaves)])

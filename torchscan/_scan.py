@@ -101,6 +101,7 @@ def scan_in_order(
     aligns them with ``xs``. Exported, that is ``scan_output_directions`` 0 instead of 1."""
     _checks.check_callable(_API, "fn", fn)
     _checks.refuse_torchscript(_API)
+    _checks.refuse_strict_export(_API)
     plan = _plan(init, xs, length, axis)
     if torch.compiler.is_exporting() or _outputs.probing_shapes():
         check_types = _torch_onnx_hook.install_if_exporting(_API)

@@ -43,11 +43,13 @@ def wrap_torch_onnx_export() -> None:
             cause = _torchscan_cause(error)
             if cause is None or cause is error:
                 raise
-            # torch.onnx wraps what failed while tracing in its own error after trying other
-            # strategies; torchscan's message already says what is wrong and what to do.
-            raise cause.with_traceback(None) from None
         finally:
             _target_opset.reset(target)
+        # torch.onnx wraps what failed while tracing in its own error after trying other
+        # strategies; torchscan's message already says what is wrong and what to do. Raised
+        # outside the handler, so that torch.onnx's error, which holds the refusal, does not
+        # become its context: a loop for code that follows __context__.
+        raise cause.with_traceback(None) from None
 
     export.__torchscan_wrapped__ = True  # type: ignore[attr-defined]
     torch.onnx.export = export

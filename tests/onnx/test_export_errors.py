@@ -5,19 +5,23 @@ from __future__ import annotations
 import io
 import logging
 import warnings
+from pathlib import Path
 
 import onnx
 import onnx.helper as oh
 import onnx_ir as ir
 import pytest
 import torch
+from onnxscript import opset18
 
 import torchscan
 import torchscan.onnx
+import torchscan.theano
 from torchscan.onnx._convert import OpsetConversionError
 from torchscan.onnx._hooks import check_loop_types
 
 from .._export import onnx_export
+from ._runtimes import assert_outputs_close, eager_outputs, run_onnxruntime
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
@@ -369,3 +373,327 @@ def test_conversion_refusals_name_the_real_blocker(model, opset: int, message: s
     with pytest.raises(OpsetConversionError) as info:
         export(model().eval(), opset)
     assert str(info.value) == message
+
+
+# -- what torch cannot trace or translate in a step ---------------------------------------------
+
+T = torch.export.Dim("T", min=1)
+
+
+def export_dynamic(model: torch.nn.Module, args: tuple, **kwargs):
+    """At opset 18, the sequences (the first argument) of any length."""
+    dynamic = ({0: T}, *[None] * (len(args) - 1))
+    return onnx_export(model, args, opset_version=18, dynamic_shapes=dynamic, **kwargs)
+
+
+def line_of(mark: str) -> str:
+    """``file:line`` of the line of this file that ends with the comment ``# <mark>``."""
+    lines = Path(__file__).read_text().splitlines()
+    (number,) = [i for i, line in enumerate(lines, 1) if line.endswith(f"  # <{mark}>")]
+    return f"{__file__}:{number}"
+
+
+class Linalg(torch.nn.Module):
+    """A Kalman-like step that inverts, solves with or factors the matrix it computes."""
+
+    def __init__(self, function: str) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, Ss, P):
+        def step(P, S):
+            A = S + P
+            if self.function == "linalg.inv":
+                return torch.linalg.inv(A), P  # <linalg.inv>
+            if self.function == "linalg.solve":
+                return torch.linalg.solve(A, P), P  # <linalg.solve>
+            return torch.linalg.cholesky(A), P  # <linalg.cholesky>
+
+        return torchscan.scan(step, P, Ss)
+
+
+MATRICES = (torch.eye(2).repeat(3, 1, 1) * 2, torch.eye(2))
+
+
+@pytest.mark.parametrize(
+    ("function", "invalid", "closed_form"),
+    [
+        (
+            "linalg.inv", "a singular matrix",
+            "for a 2x2 or 3x3 matrix, the adjugate divided by torch.linalg.det, which exports",
+        ),
+        (
+            "linalg.solve", "a singular matrix",
+            "for a small system A x = b, the adjugate of A times b divided by "
+            "torch.linalg.det(A), which exports",
+        ),
+        (
+            "linalg.cholesky", "a matrix that is not positive-definite",
+            "for a 2x2 matrix [[a, b], [b, d]], [[sqrt(a), 0], [b / sqrt(a), "
+            "sqrt(d - b * b / a)]]",
+        ),
+    ],
+    ids=["inv", "solve", "cholesky"],
+)  # fmt: skip
+def test_linalg_functions_that_check_their_input_are_refused(function, invalid, closed_form):
+    """torch decomposes them into their ``_ex`` form and an error check with an effect token,
+    which a loop step cannot hold; torch.onnx has no translation of them either."""
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(Linalg(function), MATRICES)
+    aten = function.replace(".", "_")
+    assert str(info.value) == (
+        f"torchscan.scan: fn (Linalg.forward.<locals>.step) calls torch.{function} at "
+        f"{line_of(function)}, which cannot be exported in a loop step: torch raises an error on "
+        f"{invalid}, a side effect that torch.export cannot keep inside a loop, and torch.onnx "
+        f"has no translation of torch.{function}. Write it out in closed form ({closed_form}), "
+        "or give torch.onnx.export a translation: custom_translation_table="
+        f"{{torch.ops.aten.{aten}.default: <an ONNX Script function>}}."
+    )
+
+
+def stand_in(a, *args, **kwargs):
+    """A translation in custom_translation_table: the first input as it is."""
+    return opset18.Identity(a)
+
+
+@pytest.mark.parametrize(
+    ("model", "args", "op"),
+    [
+        (Linalg("linalg.inv"), MATRICES, torch.ops.aten.linalg_inv.default),
+        (Linalg("linalg.cholesky"), MATRICES, torch.ops.aten.linalg_cholesky.default),
+    ],
+    ids=["inv", "cholesky"],
+)
+def test_the_translation_the_refusal_names_exports(model, args, op) -> None:
+    program = export_dynamic(model, args, custom_translation_table={op: stand_in})
+    assert [node.op_type for node in program.model_proto.graph.node] == ["Scan"]
+
+
+class ClosedFormInverse(torch.nn.Module):
+    def forward(self, Ss, P):
+        def step(P, S):
+            A = S + P
+            adjugate = torch.stack([A[1, 1], -A[0, 1], -A[1, 0], A[0, 0]]).reshape(2, 2)
+            return adjugate / torch.linalg.det(A), P
+
+        return torchscan.scan(step, P, Ss)
+
+
+def test_the_closed_form_the_refusal_names_exports() -> None:
+    model = ClosedFormInverse()
+    program = export_dynamic(model, MATRICES).model_proto
+    inputs = (torch.eye(2).repeat(5, 1, 1) * 2 + torch.rand(5, 2, 2), MATRICES[1])
+    assert_outputs_close(run_onnxruntime(program, inputs), eager_outputs(model, inputs), program)
+
+
+class Kthvalue(torch.nn.Module):
+    def forward(self, xs, h):
+        def step(c, x):
+            c = c + torch.kthvalue(x, 1).values  # <kthvalue>
+            return c, c
+
+        return torchscan.scan(step, h, xs)
+
+
+class Digamma(torch.nn.Module):
+    def forward(self, xs, h):
+        return torchscan.loop(
+            lambda i, c: (torch.digamma(c + xs[i]), c),  # <digamma>
+            h,
+            trip_count=xs.shape[0],
+        )
+
+
+class NestedDigamma(torch.nn.Module):
+    def forward(self, xs, h):
+        def outer(i, c):
+            def inner(d, x):
+                return d + torch.digamma(x), d  # <nested digamma>
+
+            return torchscan.scan(inner, c, xs)[0], None
+
+        return torchscan.loop(outer, h, trip_count=2)[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "called", "message"),
+    [
+        (Kthvalue, "aten.kthvalue.default", "torchscan.scan: fn (Kthvalue.forward.<locals>.step) "
+         f"calls aten.kthvalue.default at {line_of('kthvalue')}, which torch.onnx cannot translate "
+         "to ONNX."),
+        (Digamma, "aten.digamma.default",
+         f"torchscan.loop: body (Digamma.forward.<locals>.<lambda>) calls aten.digamma.default "
+         f"at {line_of('digamma')}, which torch.onnx cannot translate "
+         "to ONNX (torch decomposes it into prims.digamma.default, which has none)."),
+        (NestedDigamma, "aten.digamma.default", "torchscan.scan: fn "
+         "(NestedDigamma.forward.<locals>.outer.<locals>.inner) calls aten.digamma.default at "
+         f"{line_of('nested digamma')}, which torch.onnx cannot translate to ONNX (torch "
+         "decomposes it into prims.digamma.default, which has none)."),
+    ],
+    ids=["scan", "loop-decomposed", "nested"],
+)  # fmt: skip
+def test_operators_without_translation_name_the_step(model, called: str, message: str) -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(model(), ARGS)
+    assert str(info.value) == (
+        f"{message} Compute it with operators that torch.onnx translates, or give "
+        f"torch.onnx.export a translation: custom_translation_table={{torch.ops.{called}: <an "
+        "ONNX Script function>}."
+    )
+
+
+def test_the_operator_the_refusal_names_is_the_one_to_translate() -> None:
+    """A translation of the operator called keeps torch from decomposing it."""
+    table = {torch.ops.aten.digamma.default: stand_in}
+    program = export_dynamic(Digamma(), ARGS, custom_translation_table=table)
+    assert [node.op_type for node in program.model_proto.graph.node].count("Loop") == 1
+
+
+class ComplexExp(torch.nn.Module):
+    def forward(self, xs, h):
+        def step(c, x):
+            z = torch.exp(torch.complex(c, x))  # <complex>
+            return z.real, z.imag
+
+        return torchscan.scan(step, h, xs)
+
+
+def test_complex_operators_without_translation_name_the_step() -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(ComplexExp(), ARGS)
+    assert str(info.value) == (
+        "torchscan.scan: fn (ComplexExp.forward.<locals>.step) calls aten.exp.default on a "
+        f"complex tensor at {line_of('complex')}, which torch.onnx cannot translate: it exports "
+        "few operators of complex tensors. Carry the real and imaginary parts as two real tensors "
+        "and write the complex arithmetic out with them: (a + ib)(c + id) = (ac - bd) + "
+        "i(ad + bc), exp(a + ib) = exp(a)(cos b + i sin b)."
+    )
+
+
+def positive(h):
+    if h.sum() > 0:  # <helper>
+        return h
+    return -h
+
+
+class BranchesOnValue(torch.nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def forward(self, xs, h):
+        def step(c, x):
+            if self.how == "if":
+                if x.sum() > 0:  # <if>
+                    c = c + x
+            elif self.how == "int":
+                c = c * (2.0, 3.0)[int(x.argmax())]  # <int>
+            else:
+                c = positive(c + x)  # <calls helper>
+            return c, c
+
+        if self.how == "loop":
+            return torchscan.loop(
+                lambda i, c: (c + 1 if c.sum() > 0 else c, c),  # <loop>
+                h,
+                trip_count=xs.shape[0],
+            )
+        return torchscan.scan(step, h, xs)
+
+
+@pytest.mark.parametrize(
+    ("how", "who", "where"),
+    [
+        ("if", "torchscan.scan: fn (BranchesOnValue.forward.<locals>.step)", line_of("if")),
+        ("int", "torchscan.scan: fn (BranchesOnValue.forward.<locals>.step)", line_of("int")),
+        ("helper", "torchscan.scan: fn (BranchesOnValue.forward.<locals>.step)",
+         f"{line_of('calls helper')} (in positive, {line_of('helper')})"),
+        ("loop", "torchscan.loop: body (BranchesOnValue.forward.<locals>.<lambda>)",
+         line_of("loop")),
+    ],
+    ids=["if", "int", "helper", "loop"],
+)  # fmt: skip
+def test_python_control_flow_on_tensor_values_names_the_line(how: str, who: str, where: str):
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(BranchesOnValue(how), ARGS)
+    assert str(info.value) == (
+        f"{who} reads the value of a tensor at {where}, which is known only when the exported "
+        "model runs: the step is traced once for all steps, so Python control flow on a tensor "
+        "(if, while, bool(), int(), .item()) cannot be exported. Choose between values with "
+        "torch.where(condition, a, b), or between two computations with "
+        "torch.cond(condition, true_fn, false_fn, operands)."
+    )
+
+
+def test_strict_export_is_refused_before_the_step_is_traced() -> None:
+    """torch.onnx.export tries strict mode after a failed non-strict export: TorchDynamo stops at
+    the loop instead of tracing its step, which can take minutes."""
+    with pytest.raises(RuntimeError) as info:
+        torch.export.export(BranchesOnValue("if"), ARGS, strict=True)
+    assert (
+        "torchscan.scan cannot be exported by torch.export.export(..., strict=True): TorchDynamo, "
+        "which strict mode runs, does not support torchscan's loop operators. Export with "
+        "strict=False, torch.export.export's default and what torch.onnx.export(..., "
+        "dynamo=True) tries first."
+    ) in str(info.value)
+
+
+class TheanoBranches(torch.nn.Module):
+    def forward(self, xs, h):
+        def step(x, c):
+            return c + x if x.sum() > 0 else c  # <theano>
+
+        outputs, _ = torchscan.theano.scan(step, sequences=xs, outputs_info=h)
+        return outputs
+
+
+def test_theano_refusals_name_the_users_fn() -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(TheanoBranches(), ARGS)
+    assert str(info.value).startswith(
+        "torchscan.scan: fn (TheanoBranches.forward.<locals>.step) reads the value of a tensor at "
+        f"{line_of('theano')}, which is known only when the exported model runs"
+    )
+
+
+class CondCallsSubmodule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+
+    def forward(self, xs, h):
+        def step(c, x):
+            c = torch.cond(x.sum() > 0, lambda: self.linear(c + x), lambda: c - x)  # <cond>
+            return c, c
+
+        return torchscan.scan(step, h, xs)
+
+
+def test_cond_whose_branch_calls_a_submodule_names_the_line() -> None:
+    """torch.cond traces its branches with TorchDynamo, which fails on fx's wrapper of module
+    calls while the step is traced; a branch that only reads tensors exports."""
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(CondCallsSubmodule(), ARGS)
+    assert str(info.value) == (
+        "torchscan.scan: fn (CondCallsSubmodule.forward.<locals>.step) calls torch.cond at "
+        f"{line_of('cond')}, whose branches torch could not trace inside the loop step: "
+        'TorchDynamo, which traces them, reported "Unsafe side effect", as it does for a branch '
+        "that calls a submodule (self.linear(x)) there. Use the submodule's parameters in the "
+        "branch (x @ self.linear.weight.T + self.linear.bias), call the submodule outside "
+        "torch.cond, or choose between values with torch.where(condition, a, b)."
+    )
+
+
+def test_the_refusal_raised_from_torch_onnx_is_not_in_its_own_context() -> None:
+    """Code that follows ``__cause__`` and ``__context__`` reaches the end."""
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(BranchesOnValue("if"), ARGS)
+    refusal = info.value
+    assert refusal.__cause__ is None
+    assert refusal.__suppress_context__
+    chain, current = [], refusal.__context__
+    while current is not None and len(chain) < 20:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    assert current is None
+    assert refusal not in chain

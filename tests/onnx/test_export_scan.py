@@ -16,7 +16,7 @@ import torchscan
 from .._export import onnx_export
 from ._models import CASES
 from ._roundtrip import OPSETS, check_onnxruntime, check_reference, check_structure
-from ._runtimes import nodes
+from ._runtimes import assert_outputs_close, eager_outputs, nodes, run_onnxruntime
 
 NAMES = list(CASES)
 
@@ -94,3 +94,51 @@ def test_only_a_scan_that_may_run_no_step_is_guarded(exported, opset: int) -> No
     assert "If" not in top_level_ops("elman")
     for name in ("shifted", "shifted-axis1-reverse", "may-be-empty"):
         assert top_level_ops(name).count("If") == 2, name
+
+
+class CondOverClosures(torch.nn.Module):
+    """torch.cond in the step, whose branches read a parameter and a value of the outer graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.rand(2))
+
+    def forward(self, xs, h):
+        v = h * 3
+
+        def step(c, x):
+            c = torch.cond(x.sum() > 0, lambda: c + x * self.w, lambda: c - self.w * v)
+            return c, c
+
+        return torchscan.scan(step, h, xs)
+
+
+class ComplexCarry(torch.nn.Module):
+    """An LRU-like step, h = lambda * h + x on complex tensors, which torch.onnx translates."""
+
+    def forward(self, xs, h):
+        lam = torch.complex(h, h * 0.5)
+        zeros = torch.zeros_like(h)
+        carry, ys = torchscan.scan(
+            lambda c, x: (lam * c + x, torch.view_as_real(lam * c + x)),
+            torch.complex(zeros, zeros),
+            torch.complex(xs, torch.zeros_like(xs)),
+        )
+        return torch.view_as_real(carry), ys
+
+
+@pytest.mark.parametrize("model", [CondOverClosures, ComplexCarry], ids=["cond", "complex"])
+def test_steps_torch_onnx_translates_export(model) -> None:
+    torch.manual_seed(0)
+    eager = model().eval()
+    time = torch.export.Dim("T", min=1)
+    args = (torch.randn(5, 2), torch.rand(2))
+    program = onnx_export(
+        eager, args, opset_version=18, dynamic_shapes=({0: time}, None)
+    ).model_proto
+    assert [node.op_type for node in program.graph.node].count("Scan") == 1
+    for length in (1, 5, 8):
+        inputs = (torch.randn(length, 2), torch.rand(2))
+        assert_outputs_close(
+            run_onnxruntime(program, inputs), eager_outputs(eager, inputs), program
+        )

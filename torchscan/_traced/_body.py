@@ -20,6 +20,7 @@ from torchscan._compat import (
     unique_graph_id,
 )
 from torchscan._errors import ExportError
+from torchscan._traced import _step_errors
 from torchscan._traced._indexing import BodyIndexing
 
 # -- tracing a body ----------------------------------------------------------------------------
@@ -39,8 +40,11 @@ def trace_body(
     the outer graph passes them in (and, for a nested loop, lifts them further out). Sizes of the
     outer graph that the body reads (``n = x.shape[0]``) are offered as inputs too, and kept
     when used. Outputs that repeat another output or an input get a copy: ONNX and torch.export
-    both want every body output to be a value of its own.
+    both want every body output to be a value of its own. The graph module keeps the step
+    function ``body`` stands for, which refusals name, and a body that calls an operator with a
+    side effect is refused.
     """
+    step = _step_errors.step_of(body)
     n_inputs = len(sample_inputs) + len(captured)
     symbols = _outer_symbols(mode.tracer)
 
@@ -49,6 +53,8 @@ def trace_body(
 
     with as_traced_body():
         gm = reenter_make_fx(body_with_symbols)(*sample_inputs, *captured, *symbols)
+    _step_errors.refuse_side_effects(gm, step)
+    _step_errors.keep_with_graph(gm, step)
     used_symbols = _drop_unused_symbols(gm, n_inputs, symbols)
     lifted = _lift_closure_tensors(gm)
     _copy_aliased_outputs(gm)

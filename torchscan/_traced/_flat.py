@@ -9,9 +9,12 @@ import torch
 
 from torchscan import _checks, _pytree, _steps
 from torchscan._compat import (
+    GuardOnDataDependentSymNode,
     disable_proxy_modes_tracing,
+    uncaptured_operator_error,
 )
 from torchscan._errors import TorchscanValueError
+from torchscan._traced import _step_errors
 from torchscan._traced._body import InPlaceWrite, as_traced_body
 from torchscan._traced._loop_op import torchscan_loop
 from torchscan._traced._scan_op import torchscan_scan
@@ -40,13 +43,18 @@ class _FlatStep:
 
     def __init__(
         self,
+        fn: Callable,
         protocol: Any,
         carry_type: _checks.CarryType,
         never_ends: str = "",
         check_types: TypeCheck | None = None,
         sequences: Sequence[tuple[str, torch.Tensor]] = (),
     ) -> None:
-        self.protocol, self.carry_type, self.never_ends = protocol, carry_type, never_ends
+        self.fn, self.protocol, self.carry_type = fn, protocol, carry_type
+        self.never_ends = never_ends
+        # Named in refusals of what torch cannot trace or translate in the step.
+        self.source = _step_errors.StepSource.of(fn, protocol.api, protocol.fn_name)
+        self.source.keep_its_frames()
         # While torch.onnx exports: the element types of the leaves, which the ONNX operator
         # the call becomes must allow, checked where their names are known; ``sequences`` are
         # the named leaves of xs, which only a Scan takes as inputs.
@@ -58,6 +66,26 @@ class _FlatStep:
         self.has_until = False
         # Set while a scan is traced as a Scan before it is known whether fn stops early.
         self.refuse_until = False
+
+    def call(self, *args: Any) -> Any:
+        """``fn(*args)``; a guard on a tensor's value in the user's code, and a ``torch.cond``
+        whose branches TorchDynamo could not trace, are refused, naming the line."""
+        try:
+            return self.fn(*args)
+        except GuardOnDataDependentSymNode as error:
+            refusal = _step_errors.data_dependent(self.source, error)
+            if refusal is None:
+                raise
+            raise refusal from None
+        except uncaptured_operator_error() as error:
+            refusal = _step_errors.uncaptured_cond(self.source, error)
+            if refusal is None:
+                raise
+            raise refusal from None
+
+    def body(self, step: Callable) -> Callable:
+        """``step``, the flat form of ``fn`` that an operator traces, marked as ``fn``."""
+        return _step_errors.attach(step, self.source)
 
     def carry(self, leaves: Sequence[Any]) -> Any:
         return _pytree.tree_unflatten(_fill(self.present, leaves), self.carry_type.spec)
@@ -122,6 +150,7 @@ def traced_scan(
     """
     xs_tree = _pytree.tree_unflatten(plan.xs_leaves, plan.xs_spec)
     flat = _FlatStep(
+        fn,
         protocol,
         plan.carry_type,
         check_types=check_types,
@@ -136,7 +165,7 @@ def traced_scan(
 
     def step(*args):
         n = len(flat.carries)
-        return flat.flatten(fn(flat.carry(args[:n]), x_of(args[n : n + len(xs)])))
+        return flat.flatten(flat.call(flat.carry(args[:n]), x_of(args[n : n + len(xs)])))
 
     # Whether fn stops early decides which operator the scan becomes, and only running fn tells.
     # Tracing it as a Scan is what almost every scan needs, so that is tried first rather than
@@ -146,7 +175,7 @@ def traced_scan(
     flat.refuse_until = True
     try:
         out = torchscan_scan(
-            lambda *args: step(*args[: len(flat.carries) + len(xs)]),
+            flat.body(lambda *args: step(*args[: len(flat.carries) + len(xs)])),
             flat.carries,
             scan_xs,
             (),
@@ -157,7 +186,7 @@ def traced_scan(
         )
     except _StopsEarly:
         flat.refuse_until = False
-        return _scan_as_loop(fn, flat, xs, in_axes, x_of, plan.length, axis, reverse, reverse_ys)
+        return _scan_as_loop(flat, xs, in_axes, x_of, plan.length, axis, reverse, reverse_ys)
     except InPlaceWrite as refused:
         if not refused.sequences or not xs:
             raise
@@ -173,9 +202,7 @@ def _empty_sequence(length: Any) -> tuple[list[torch.Tensor], list[int]]:
     return [torch.empty(length, 0)], [0]
 
 
-def _scan_as_loop(
-    fn, flat, xs, in_axes, x_of, length, axis, reverse, reverse_ys
-) -> tuple[Any, Any]:
+def _scan_as_loop(flat, xs, in_axes, x_of, length, axis, reverse, reverse_ys) -> tuple[Any, Any]:
     """A scan that stops early, as a loop over the sequence positions it reads with ``i``."""
 
     def step(i, *args):
@@ -184,9 +211,9 @@ def _scan_as_loop(
             torch.index_select(x, a, t.reshape(1)).squeeze(a)
             for x, a in zip(xs, in_axes, strict=True)
         ]
-        return flat.flatten(fn(flat.carry(args), x_of(slices)))
+        return flat.flatten(flat.call(flat.carry(args), x_of(slices)))
 
-    out = torchscan_loop(step, length, None, flat.carries, (), True)
+    out = torchscan_loop(flat.body(step), length, None, flat.carries, (), True)
     carry, ys = flat.unflatten(out)
     # The loop stacks in the order the steps ran, on axis 0.
     ys = _pytree.tree_map(
@@ -216,10 +243,10 @@ def traced_loop(
     ``protocol`` reads and checks what ``body`` returns; ``never_ends`` is the message for a body
     that returns no ``until`` where nothing else ends the loop (empty where something does);
     ``check_types`` as for :func:`traced_scan`."""
-    flat = _FlatStep(protocol, carry_type, never_ends, check_types)
+    flat = _FlatStep(body, protocol, carry_type, never_ends, check_types)
 
     def step(i, *args):
-        return flat.flatten(body(i, flat.carry(args)))
+        return flat.flatten(flat.call(i, flat.carry(args)))
 
     reference = next(iter(flat.carries), None)
     with disable_proxy_modes_tracing():
@@ -227,5 +254,5 @@ def traced_loop(
     flat.probe(step, i, *flat.carries)
     if isinstance(cond, bool):
         cond = torch.tensor(cond)
-    out = torchscan_loop(step, trip_count, cond, flat.carries, (), flat.has_until)
+    out = torchscan_loop(flat.body(step), trip_count, cond, flat.carries, (), flat.has_until)
     return flat.unflatten(out)

@@ -25,6 +25,7 @@ from torchscan._traced._body import (
     trace_body,
 )
 from torchscan._traced._scan_op import stacked_like
+from torchscan._traced._step_errors import attach, step_of
 
 # -- loop --------------------------------------------------------------------------------------
 
@@ -105,6 +106,7 @@ def _loop_functionalize(ctx, body, trip_count, cond, carries, captured, has_unti
     unwrapped = [ctx.unwrap_tensors(group) for group in (trip_count, cond, carries, captured)]
     with ctx.redispatch_to_next():
         functional_body = ctx.functionalize(maybe_run_with_interpreter(body))
+        attach(functional_body, step_of(body))
         out = torchscan_loop(functional_body, *unwrapped, has_until)
     return ctx.wrap_tensors(out)
 

@@ -24,6 +24,7 @@ from torchscan._traced._body import (
     refuse_mutation,
     trace_body,
 )
+from torchscan._traced._step_errors import attach, step_of
 
 
 class ScanOp(HigherOrderOperator):
@@ -149,6 +150,7 @@ def _functionalize(
     unwrapped = [ctx.unwrap_tensors(group) for group in (carries, xs, captured)]
     with ctx.redispatch_to_next():
         functional_body = ctx.functionalize(maybe_run_with_interpreter(body))
+        attach(functional_body, step_of(body))
         out = torchscan_scan(
             functional_body, *unwrapped, in_axes, in_reverse, out_axes, out_reverse, nonempty
         )

@@ -2,13 +2,15 @@
 
 An export through ``torch.onnx.export`` as torchscan wraps it passes torchscan's translations in
 torch.onnx's public ``custom_translation_table`` (:func:`translations`, merged with the user's
-own table, whose entries win). Two private extension points of torch.onnx are used besides
+own table, whose entries win). Three private extension points of torch.onnx are used besides
 (imported from ``torchscan._compat``, and held by tests there and in
 ``tests/onnx/test_hooks.py``):
 
 * the lookup of translations, ``ONNXRegistry.get_decomps``, answers for torchscan's operators
   where the registry has no translation of them: an export through a reference to
   ``torch.onnx.export`` kept from before ``import torchscan``, which the wrapper never sees;
+* the choice of a translation for a node, ``_dispatching.dispatch``: a node of a loop body
+  that has none is refused in torchscan's words, naming the step function and its line;
 * the version conversion and the optimization torch.onnx runs inside the export, once the model is
   built (``onnxscript_apis.convert_version`` and ``optimize``, read by ``_core`` and
   ``_onnx_program``): torchscan checks every Scan and Loop against the rules of the opset asked
@@ -69,6 +71,8 @@ def install() -> None:
         registration.ONNXRegistry.get_decomps, translations(), registration.OnnxDecompMeta
     )
     core.onnxscript_apis = program.onnxscript_apis = _ConvertingAPIs(core.onnxscript_apis)
+    dispatching = _compat.onnx_dispatching()
+    dispatching.dispatch = _naming_the_step(dispatching.dispatch)
     logging.getLogger(_compat.ONNX_OPSET_WARNING[0]).addFilter(_drop_stale_warning)
     logging.getLogger(_compat.ONNX_SIGNATURE_WARNING[0]).addFilter(_drop_signature_warning)
     _installed = True
@@ -118,6 +122,25 @@ def _with_translations(get_decomps: Any, table: dict, meta: type) -> Any:
         return next((ours for op, ours in metas.items() if target is op), found)
 
     return lookup
+
+
+def _naming_the_step(dispatch: Any) -> Any:
+    """torch.onnx's choice of a translation for a node (``_dispatching.dispatch``), which
+    refuses a node of a loop body that has none in torchscan's words, naming the step function,
+    its line and the operator the user called."""
+
+    @functools.wraps(dispatch)
+    def dispatch_or_refuse(node: Any, registry: Any) -> Any:
+        function, message = dispatch(node, registry)
+        if function is None:
+            from torchscan._traced import _step_errors
+
+            refusal = _step_errors.untranslatable(node)
+            if refusal is not None:
+                raise refusal
+        return function, message
+
+    return dispatch_or_refuse
 
 
 class _ConvertingAPIs:

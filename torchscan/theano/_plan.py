@@ -9,6 +9,7 @@ time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -65,6 +66,13 @@ class _Plan:
             )
         )
 
+    def as_fn(self, step: Callable) -> Callable:
+        """``step``, marked (``__wrapped__``) as standing for ``fn``: refusals of what a step
+        does while a model is exported name ``fn`` and its lines."""
+        marked = functools.partial(step)
+        marked.__wrapped__ = self.fn  # type: ignore[attr-defined]
+        return marked
+
     def step(self, states: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
         values, stop = self.call(states, x or ())
         self.last_stop = stop
@@ -73,7 +81,7 @@ class _Plan:
 
     def run(self, states: tuple, xs: tuple, backwards: bool) -> list[torch.Tensor]:
         _, ys = _scan_in_order(
-            self.step, states, xs, length=None, axis=0, reverse=backwards, realign=False
+            self.as_fn(self.step), states, xs, length=None, axis=0, reverse=backwards, realign=False
         )
         return list(ys)
 
@@ -86,7 +94,7 @@ class _Plan:
         def body(i, states):
             return self.step(states, ())
 
-        _, ys = _loop(body, self.initial_states(), trip_count=n_steps)
+        _, ys = _loop(self.as_fn(body), self.initial_states(), trip_count=n_steps)
         return list(ys)
 
     def run_indexed(self, n_steps: torch.Tensor, go_backwards: bool) -> list[torch.Tensor]:
@@ -110,7 +118,7 @@ class _Plan:
             x = [read.index_select(0, i.reshape(1)).squeeze(0) for read in reads]
             return self.step(states, x)
 
-        _, ys = _loop(body, self.initial_states(), trip_count=n_steps.abs())
+        _, ys = _loop(self.as_fn(body), self.initial_states(), trip_count=n_steps.abs())
         return list(ys)
 
     def run_truncated(self, n_steps: int, backwards: bool, k: int) -> list[torch.Tensor]:
@@ -136,7 +144,13 @@ class _Plan:
             """Steps ``start`` to ``stop``, their outputs after those ``before``."""
             part = tuple(x[start:stop] for x in xs) or None  # None: no sequence
             carry, ys = _scan_in_order(
-                step, states, part, length=stop - start, axis=0, reverse=False, realign=False
+                self.as_fn(step),
+                states,
+                part,
+                length=stop - start,
+                axis=0,
+                reverse=False,
+                realign=False,
             )
             if before:
                 ys = [torch.cat([a, b]) for a, b in zip(before, ys, strict=True)]

@@ -1,0 +1,291 @@
+"""Refusals that name the user's step function and the line in it that cannot be exported.
+
+Some things a step does fail deep inside torch, with errors about torch's own machinery: a Python
+``if`` on a tensor (a guard on a data-dependent value), an operator with a side effect (a constant
+that the decomposition lifts and does not register), an operator torch.onnx cannot translate.
+torchscan knows which function the step is where the loop is traced (:class:`StepSource`); it
+keeps that with the traced body, on the callable that is traced again when the program is
+decomposed and in ``GraphModule.meta`` for torch.onnx's translation, and finds the line from a
+traceback or from the ``stack_trace`` torch records on every node (the step function is
+registered with torch as a frame to keep in it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import re
+import traceback
+import types
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchscan import _compat
+from torchscan._errors import ExportError
+
+STEP_KEY = "torchscan_step"
+"""The key of a traced body's :class:`StepSource` in its ``GraphModule.meta``."""
+
+_ATTRIBUTE = "__torchscan_step__"
+
+# The packages whose frames are not the user's (with the separator: torchvision is not torch).
+_TORCH = os.path.join(Path(torch.__file__).parent, "")
+_TORCHSCAN = os.path.join(Path(__file__).parent.parent, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSource:
+    """The user's step function, as the public function that calls it names it: ``api``
+    (``torchscan.scan``), ``role`` (``fn``, ``body``), its ``__qualname__`` and its code."""
+
+    api: str
+    role: str
+    qualname: str
+    code: types.CodeType | None
+
+    @classmethod
+    def of(cls, fn: Callable, api: str, role: str) -> StepSource:
+        function = inspect.unwrap(fn)
+        while isinstance(function, functools.partial):
+            function = function.func
+        if isinstance(function, torch.nn.Module):
+            function = function.forward
+        code = getattr(function, "__code__", None)
+        if code is None and callable(function):  # an object with a __call__ method
+            function = type(function).__call__
+            code = getattr(function, "__code__", None)
+        qualname = getattr(function, "__qualname__", None) or type(fn).__qualname__
+        return cls(api, role, qualname, code)
+
+    def keep_its_frames(self) -> None:
+        """Have torch record the step's own lines in the stack traces of the nodes it creates
+        (while exporting, torch keeps only ``forward`` methods and the frames registered)."""
+        if self.code is not None:
+            _compat.register_stack_trace_anchor(self.code)
+
+    @property
+    def who(self) -> str:
+        return f"{self.api}: {self.role} ({self.qualname})"
+
+    def _lines(self) -> set[int]:
+        assert self.code is not None
+        return {line for *_, line in self.code.co_lines() if line is not None}
+
+    def owns(self, filename: str, name: str, line: int) -> bool:
+        return (
+            self.code is not None
+            and filename == self.code.co_filename
+            and name == self.code.co_name
+            and line in self._lines()
+        )
+
+
+# -- carrying the step with the body -----------------------------------------------------------
+
+
+def attach(body: Callable, step: StepSource | None) -> Callable:
+    """``body``, a function, marked as the traced form of ``step``."""
+    if step is not None:
+        setattr(body, _ATTRIBUTE, step)
+    return body
+
+
+def step_of(body: Any) -> StepSource | None:
+    """The step a body (a function or a traced graph module) stands for, if known."""
+    if isinstance(body, torch.fx.GraphModule):
+        return body.meta.get(STEP_KEY)
+    return getattr(body, _ATTRIBUTE, None)
+
+
+def keep_with_graph(gm: torch.fx.GraphModule, step: StepSource | None) -> None:
+    """Record ``step`` in ``gm`` and in the subgraphs it holds (``torch.cond``'s branches) that
+    belong to no loop of their own."""
+    if step is None:
+        return
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            module.meta.setdefault(STEP_KEY, step)
+
+
+# -- where in the step -------------------------------------------------------------------------
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
+
+
+def _where(step: StepSource, frames: Iterable[tuple[str, int, str]]) -> str:
+    """`` at file:line``: the innermost of ``frames`` (outermost first) in the step function
+    itself, or nothing where none is."""
+    found = [f"{file}:{line}" for file, line, name in frames if step.owns(file, name, line)]
+    return f" at {found[-1]}" if found else ""
+
+
+def _node_frames(node: torch.fx.Node) -> list[tuple[str, int, str]]:
+    return [
+        (m["file"], int(m["line"]), m["name"])
+        for m in _FRAME.finditer(node.meta.get("stack_trace") or "")
+    ]
+
+
+def _is_users(filename: str) -> bool:
+    return not filename.startswith((_TORCH, _TORCHSCAN, "<"))
+
+
+# -- a value known only when the model runs ----------------------------------------------------
+
+
+def data_dependent(step: StepSource, error: BaseException) -> ExportError | None:
+    """The refusal of a step that reads a tensor's value in Python (``if x.sum() > 0:``), where
+    the innermost frame outside torch is the user's own code, called from ``step``; None for a
+    guard that torchscan or indexing raised."""
+    frames = [
+        (summary.filename, summary.lineno or 0, summary.name)
+        for summary in traceback.extract_tb(error.__traceback__)
+    ]
+    outside_torch = [frame for frame in frames if not frame[0].startswith(_TORCH)]
+    if not outside_torch or not _is_users(outside_torch[-1][0]):
+        return None
+    where = _where(step, frames)
+    if not where:
+        return None
+    file, line, name = outside_torch[-1]
+    if not step.owns(file, name, line):
+        where += f" (in {name}, {file}:{line})"
+    return ExportError(
+        f"{step.who} reads the value of a tensor{where}, which is known only when the exported "
+        "model runs: the step is traced once for all steps, so Python control flow on a tensor "
+        "(if, while, bool(), int(), .item()) cannot be exported. Choose between values with "
+        "torch.where(condition, a, b), or between two computations with "
+        "torch.cond(condition, true_fn, false_fn, operands)."
+    )
+
+
+# -- torch.cond, whose branches TorchDynamo traces --------------------------------------------
+
+_OPERATOR = re.compile(r"Higher Order Operator: (?P<op>\S+)")
+_REASON = re.compile(r"^HOP: (?P<reason>.+)$", re.MULTILINE)
+
+
+def uncaptured_cond(step: StepSource, error: BaseException) -> ExportError | None:
+    """The refusal of a ``torch.cond`` in the step whose branches TorchDynamo could not trace
+    (``UncapturedHigherOrderOpError``); None for any other operator."""
+    text = str(error)
+    op, reason = _OPERATOR.search(text), _REASON.search(text)
+    if op is None or op["op"] != "torch.cond":
+        return None
+    frames = [
+        (s.filename, s.lineno or 0, s.name) for s in traceback.extract_tb(error.__traceback__)
+    ]
+    where = _where(step, frames)
+    if not where:
+        return None
+    failed = f'reported "{reason["reason"]}", as it does for' if reason else "fails on"
+    return ExportError(
+        f"{step.who} calls torch.cond{where}, whose branches torch could not trace inside the "
+        f"loop step: TorchDynamo, which traces them, {failed} a branch that calls a "
+        "submodule (self.linear(x)) there. Use the submodule's parameters in the branch "
+        "(x @ self.linear.weight.T + self.linear.bias), call the submodule outside torch.cond, or "
+        "choose between values with torch.where(condition, a, b)."
+    )
+
+
+# -- operators with side effects ---------------------------------------------------------------
+
+# What makes torch raise, and a closed form that exports, for the functions whose checks it
+# keeps as a side effect.
+_LINALG = {
+    "linalg.inv": (
+        "a singular matrix",
+        "for a 2x2 or 3x3 matrix, the adjugate divided by torch.linalg.det, which exports",
+    ),
+    "linalg.solve": (
+        "a singular matrix",
+        "for a small system A x = b, the adjugate of A times b divided by torch.linalg.det(A), "
+        "which exports",
+    ),
+    "linalg.cholesky": (
+        "a matrix that is not positive-definite",
+        "for a 2x2 matrix [[a, b], [b, d]], [[sqrt(a), 0], [b / sqrt(a), sqrt(d - b * b / a)]]",
+    ),
+}
+
+
+def refuse_side_effects(gm: torch.fx.GraphModule, step: StepSource | None) -> None:
+    """Refuse a body that calls an operator with a side effect. torch threads an effect token
+    through such operators (``torch.linalg.inv``'s check for a singular matrix) when it
+    decomposes a program; a token used inside a loop step escapes the step's trace, and the
+    decomposed program fails torch's verifier."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.higher_order.with_effects:
+            raise _side_effect(node, step)
+
+
+def _side_effect(node: torch.fx.Node, step: StepSource | None) -> ExportError:
+    op = node.args[1]
+    who = step.who if step else "torchscan: a loop body"
+    where = _where(step, _node_frames(node)) if step else ""
+    if op is torch.ops.aten._linalg_check_errors.default:
+        # torch.linalg.inv and its kin check the info their _ex form returns; the check names
+        # the function the user called, with or without "torch.".
+        api = str(node.args[3]).removeprefix("torch.")
+        aten = api.replace(".", "_")
+        packet = getattr(torch.ops.aten, aten, None)
+        translation = (
+            f"custom_translation_table={{torch.ops.aten.{aten}.default: <an ONNX Script function>}}"
+            if packet is not None and "default" in packet.overloads()
+            else "custom_translation_table"
+        )
+        invalid, closed_form = _LINALG.get(api, ("an invalid matrix", ""))
+        return ExportError(
+            f"{who} calls torch.{api}{where}, which cannot be exported in a loop step: torch "
+            f"raises an error on {invalid}, a side effect that torch.export cannot keep inside a "
+            f"loop, and torch.onnx has no translation of torch.{api}. "
+            + (f"Write it out in closed form ({closed_form}), or give" if closed_form else "Give")
+            + f" torch.onnx.export a translation: {translation}."
+        )
+    return ExportError(
+        f"{who} calls {op}{where}, which has a side effect that torch.export cannot keep inside a "
+        "loop step. Call it outside the loop."
+    )
+
+
+# -- operators torch.onnx cannot translate -----------------------------------------------------
+
+
+def untranslatable(node: torch.fx.Node) -> ExportError | None:
+    """The refusal of a node of a loop body that torch.onnx found no translation for, naming
+    the operator the user called; None for a node of no loop body."""
+    step = node.graph.owning_module.meta.get(STEP_KEY) if node.graph.owning_module else None
+    if step is None:
+        return None
+    op = str(node.target)
+    called = str(node.meta.get("original_aten") or op)
+    where = _where(step, _node_frames(node))
+    decomposed = f" (torch decomposes it into {op}, which has none)" if called != op else ""
+    if any(_is_complex(arg) for arg in [*node.args, *node.kwargs.values()]):
+        return ExportError(
+            f"{step.who} calls {called} on a complex tensor{where}, which torch.onnx cannot "
+            f"translate{decomposed}: it exports few operators of complex tensors. Carry the real "
+            "and imaginary parts as two real tensors and write the complex arithmetic out with "
+            "them: (a + ib)(c + id) = (ac - bd) + i(ad + bc), "
+            "exp(a + ib) = exp(a)(cos b + i sin b)."
+        )
+    return ExportError(
+        f"{step.who} calls {called}{where}, which torch.onnx cannot translate to ONNX"
+        f"{decomposed}. Compute it with operators that torch.onnx translates, or give "
+        f"torch.onnx.export a translation: custom_translation_table={{torch.ops.{called}: <an "
+        "ONNX Script function>}."
+    )
+
+
+def _is_complex(arg: Any) -> bool:
+    if isinstance(arg, torch.fx.Node):
+        value = arg.meta.get("val")
+        return isinstance(value, torch.Tensor) and value.is_complex()
+    if isinstance(arg, (list, tuple)):
+        return any(_is_complex(a) for a in arg)
+    return False
