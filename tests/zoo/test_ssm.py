@@ -27,5 +27,7 @@ def test_complex_lru_runs_eagerly() -> None:
 
 
 def test_complex_lru_export_is_refused_by_torch_onnx_for_the_complex_exp() -> None:
-    with pytest.raises(Exception, match="No ONNX function found for <OpOverload\\(op='aten.exp'"):
+    with pytest.raises(
+        torch.onnx.OnnxExporterError, match=r"No ONNX function found for <OpOverload\(op='aten.exp'"
+    ):
         exported("lru-complex", 18)
