@@ -73,7 +73,7 @@ def _loop_dense(body, trip_count, cond, carries, captured, has_until):
 
 @register_fake(torchscan_loop, skip_cache=True)
 def _loop_fake(body, trip_count, cond, carries, captured, has_until):
-    reference = next(iter([*carries, *captured]), None)
+    reference = next((t for t in (*carries, *captured) if isinstance(t, torch.Tensor)), None)
     i = torch.zeros((), dtype=torch.int64, device=None if reference is None else reference.device)
     with as_traced_body():
         out = body(i, *carries, *captured)
@@ -115,7 +115,7 @@ def _loop_functionalize(ctx, body, trip_count, cond, carries, captured, has_unti
 def _loop_trace(mode, body, trip_count, cond, carries, captured, has_until):
     with disable_proxy_modes_tracing():
         sample_carries = [c.clone() for c in carries]
-        reference = next(iter([*carries, *captured]), None)
+        reference = next((t for t in (*carries, *captured) if isinstance(t, torch.Tensor)), None)
         i = torch.zeros(
             (), dtype=torch.int64, device=None if reference is None else reference.device
         )

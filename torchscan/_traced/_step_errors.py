@@ -145,6 +145,8 @@ def data_dependent(step: StepSource, error: BaseException) -> ExportError | None
     frames = [
         (summary.filename, summary.lineno or 0, summary.name)
         for summary in traceback.extract_tb(error.__traceback__)
+        # the mode that indexing in bodies runs under passes every torch function through
+        if not (summary.filename.endswith("_indexing.py") and summary.name == "__torch_function__")
     ]
     outside_torch = [frame for frame in frames if not frame[0].startswith(_TORCH)]
     if not outside_torch or not _is_users(outside_torch[-1][0]):

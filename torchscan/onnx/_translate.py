@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from torchscan._errors import ExportError
 from torchscan.onnx._empty_loops import MAY_RUN_NO_ITERATION
 
 
@@ -249,7 +250,11 @@ def _one_step_of_zeros(nodes: list[ir.Node], x: ir.Value, axis: int, version: in
     """Append to ``nodes`` the computation of zeros shaped like ``x`` with length 1 on ``axis``."""
     rank = x.shape.rank() if x.shape is not None else None
     if rank is None:
-        raise ValueError(f"the rank of scan input {x.name} is unknown")
+        raise ExportError(
+            f"torchscan: the rank of the scanned input {x.name!r} is unknown, so the Scan, whose "
+            "length may be 0, cannot be guarded against running no step (which onnxruntime "
+            "fails on). Give the scanned sequences a known rank."
+        )
     keep = [0 if d == axis else 1 for d in range(rank)]
     one = [1 if d == axis else 0 for d in range(rank)]
     shape = ir.node("Shape", [x], version=version)
