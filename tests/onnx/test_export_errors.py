@@ -677,10 +677,10 @@ def test_cond_whose_branch_calls_a_submodule_names_the_line() -> None:
     assert str(info.value) == (
         "torchscan.scan: fn (CondCallsSubmodule.forward.<locals>.step) calls torch.cond at "
         f"{line_of('cond')}, whose branches torch could not trace inside the loop step: "
-        'TorchDynamo, which traces them, reported "Unsafe side effect", as it does for a branch '
-        "that calls a submodule (self.linear(x)) there. Use the submodule's parameters in the "
-        "branch (x @ self.linear.weight.T + self.linear.bias), call the submodule outside "
-        "torch.cond, or choose between values with torch.where(condition, a, b)."
+        "TorchDynamo, which traces them, fails on a branch that calls a submodule "
+        "(self.linear(x)) there. Use the submodule's parameters in the branch "
+        "(x @ self.linear.weight.T + self.linear.bias), call the submodule outside torch.cond, "
+        "or choose between values with torch.where(condition, a, b)."
     )
 
 

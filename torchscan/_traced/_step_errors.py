@@ -169,14 +169,13 @@ def data_dependent(step: StepSource, error: BaseException) -> ExportError | None
 # -- torch.cond, whose branches TorchDynamo traces --------------------------------------------
 
 _OPERATOR = re.compile(r"Higher Order Operator: (?P<op>\S+)")
-_REASON = re.compile(r"^HOP: (?P<reason>.+)$", re.MULTILINE)
 
 
 def uncaptured_cond(step: StepSource, error: BaseException) -> ExportError | None:
     """The refusal of a ``torch.cond`` in the step whose branches TorchDynamo could not trace
     (``UncapturedHigherOrderOpError``); None for any other operator."""
     text = str(error)
-    op, reason = _OPERATOR.search(text), _REASON.search(text)
+    op = _OPERATOR.search(text)
     if op is None or op["op"] != "torch.cond":
         return None
     frames = [
@@ -185,10 +184,9 @@ def uncaptured_cond(step: StepSource, error: BaseException) -> ExportError | Non
     where = _where(step, frames)
     if not where:
         return None
-    failed = f'reported "{reason["reason"]}", as it does for' if reason else "fails on"
     return ExportError(
         f"{step.who} calls torch.cond{where}, whose branches torch could not trace inside the "
-        f"loop step: TorchDynamo, which traces them, {failed} a branch that calls a "
+        "loop step: TorchDynamo, which traces them, fails on a branch that calls a "
         "submodule (self.linear(x)) there. Use the submodule's parameters in the branch "
         "(x @ self.linear.weight.T + self.linear.bias), call the submodule outside torch.cond, or "
         "choose between values with torch.where(condition, a, b)."
