@@ -185,7 +185,7 @@ def test_carry_changes_in_a_later_step() -> None:
 
     with errors(
         TypeError,
-        "torchscan.scan: the carry must keep its type, but fn changed it in a later step:",
+        "torchscan.scan: the carry must keep its type, but fn changed it in step 2:",
         "  * carry has shape (2,) but fn returned shape (4,)",
         "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
         "init).",

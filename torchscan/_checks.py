@@ -13,10 +13,12 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchscan import _pytree
 from torchscan._errors import ExportError, TorchscanTypeError, TorchscanValueError
+from torchscan._until import Until
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,14 +85,25 @@ def check_tensor_leaves(api: str, root: str, tree: Any, leaves: Sequence[Any]) -
         return
     names = _pytree.leaf_names(tree, root)
     bad = [
-        f"{name} is {describe(leaf)}"
+        f"{name} is until(...), which must be the last item of what the function returns"
+        if isinstance(leaf, Until)
+        else f"{name} is {describe(leaf)}"
         for name, leaf in zip(names, leaves, strict=True)
         if not (leaf is None or isinstance(leaf, torch.Tensor))
     ]
+    remedy = "Convert numbers and arrays with torch.as_tensor(...)."
+    if any(isinstance(leaf, Until) for leaf in leaves):
+        remedy = "Return (carry, y, torchscan.until(stop))."
     raise TorchscanTypeError(
-        f"{api}: every leaf of {root} must be a tensor or None, but:{bullets(bad)}\n"
-        "Convert numbers and arrays with torch.as_tensor(...)."
+        f"{api}: every leaf of {root} must be a tensor or None, but:{bullets(bad)}\n{remedy}"
     )
+
+
+def check_bool(api: str, name: str, value: Any) -> bool:
+    """``value`` as a bool: ``True``/``False`` (or numpy's), never a truthy string or number."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TorchscanTypeError(f"{api}: {name} must be True or False, but got {describe(value)}.")
 
 
 def check_int(api: str, name: str, value: Any, *, symbolic: bool = False) -> Any:
@@ -199,6 +212,20 @@ class CarryType:
     def __init__(self, api: str, fn_name: str, init: Any) -> None:
         self.api, self.fn_name, self.init = api, fn_name, init
         self.leaves, self.spec = _pytree.tree_flatten(init)
+        self.single = isinstance(init, torch.Tensor)  # the common case, checked fastest
+        self.shapes = [
+            (leaf.shape, leaf.dtype) if isinstance(leaf, torch.Tensor) else None
+            for leaf in self.leaves
+        ]
+
+    def holds(self, carry: Any) -> bool:
+        """Whether ``carry`` has the structure, shapes and dtypes of ``init`` (devices, which
+        only a step that moves tensors can change, are left to :meth:`check`)."""
+        if self.single:
+            shape, dtype = self.shapes[0]  # type: ignore[misc]
+            return isinstance(carry, torch.Tensor) and carry.shape == shape and carry.dtype == dtype
+        leaves, spec = _pytree.tree_flatten(carry)
+        return spec == self.spec and all(map(_same_shape, self.shapes, leaves))
 
     def check(self, carry: Any, where: str) -> None:
         """Refuse ``carry`` unless it has the type of ``init``; ``where`` says when ``fn``
@@ -226,6 +253,12 @@ class CarryType:
             "Return a carry with the shape, dtype and device of init (cast or reshape it, or "
             "change init)."
         )
+
+
+def _same_shape(old: tuple[torch.Size, torch.dtype] | None, new: Any) -> bool:
+    if old is None or not isinstance(new, torch.Tensor):
+        return old is None and new is None
+    return new.shape == old[0] and new.dtype == old[1]
 
 
 def _same_type(old: Any, new: Any) -> bool:

@@ -18,7 +18,7 @@ Y = Any
 
 _API = "torchscan.loop"
 _OUTPUTS = _outputs.Outputs(_API, "body", "iteration")
-_PROTOCOL = _steps.Protocol(_OUTPUTS, "iteration")
+_PROTOCOL = _steps.Protocol(_OUTPUTS, "iteration", "i")
 _NEVER_ENDS = (
     f"{_API}: trip_count is None and body does not return torchscan.until(stop), so the loop "
     "could never end. Pass trip_count=<the most iterations>, or return "
@@ -62,11 +62,12 @@ def loop(
     ``(M, cond)``: for with a stop        ``trip_count=M``, ``cond=flag`` or ``until``
     ====================================  ==============================================
 
-    Unlike that Python version, ``loop`` checks its arguments and what ``body`` returns and
-    names the leaf at fault; it returns ``ys`` of the right shape and dtype when no iteration
-    runs (found by running ``body`` on fake tensors, never on real data); and under
-    ``torch.onnx.export`` it becomes one ONNX ``Loop`` node. Autograd flows through it as
-    through the Python loop.
+    Unlike that Python version, ``loop`` checks its arguments and what ``body`` returns at
+    every iteration and names the leaf at fault; it refuses a ``body`` that changes ``i`` or
+    its carry in place, and never changes ``init``; it returns ``ys`` of the right shape and
+    dtype when no iteration runs (found by running ``body`` on fake tensors, never on real
+    data); and under ``torch.onnx.export`` it becomes one ONNX ``Loop`` node. Autograd flows
+    through it as through the Python loop.
 
     Args:
         body: ``body(i, carry) -> (new_carry, y)`` or ``(new_carry, y, torchscan.until(stop))``.
@@ -74,6 +75,8 @@ def loop(
             ``new_carry`` must have the structure, shapes, dtypes and devices of ``init``; ``y``
             is any pytree of tensors and ``None``, the same at every iteration; ``stop`` is a
             0-d bool tensor. Whether ``until`` is returned must not change between iterations.
+            ``body`` must not change its arguments in place: clone a carried buffer before
+            writing into it.
         init: the initial carry, a pytree of tensors (``None`` for no carry).
         trip_count: the most iterations to run: an int (Python or numpy), a 0-d integer tensor,
             or ``None`` for no limit. A negative count runs none, as in ONNX and ``range``.
@@ -88,9 +91,10 @@ def loop(
     Raises:
         TypeError: ``body`` is not callable or does not return ``(carry, y)`` or ``(carry, y,
             until(stop))``; ``stop``, ``trip_count`` or ``cond`` has the wrong type; a leaf is
-            not a tensor; the carry or ``y`` changes structure, shape, dtype or device.
+            not a tensor; the carry or ``y`` changes structure, shape, dtype or device at any
+            iteration; ``until`` is not the last item ``body`` returns.
         ValueError: the loop could never end (no ``trip_count`` and no ``until``); tensors of
-            ``init`` on different devices.
+            ``init`` on different devices; ``body`` changes ``i`` or its carry in place.
 
     Example:
         Powers of two until one passes 100, at most 20:

@@ -72,10 +72,9 @@ class Outputs:
             stacked = torch.stack(column, dim=axis)
         except (RuntimeError, TypeError):
             self._raise_changed(column, y, index)
-        # stack promotes mixed dtypes; a step with a wider dtype than the first shows up here,
-        # one with a narrower dtype is cast exactly to the first step's dtype. Reading every
-        # dtype would cost more than the rest of the bookkeeping.
-        if stacked.dtype != first.dtype:
+        # stack promotes mixed dtypes, so every step's dtype is read (dtypes are singletons).
+        dtype = first.dtype
+        if stacked.dtype is not dtype or not all(leaf.dtype is dtype for leaf in column):
             self._raise_changed(column, y, index)
         return stacked
 

@@ -15,7 +15,7 @@ Y = Any
 
 _API = "torchscan.scan"
 _OUTPUTS = _outputs.Outputs(_API, "fn", "xs index")
-_PROTOCOL = _steps.Protocol(_OUTPUTS, "step")
+_PROTOCOL = _steps.Protocol(_OUTPUTS, "step", "x")
 
 
 def scan(
@@ -43,9 +43,11 @@ def scan(
     With ``reverse=True`` the steps run from the last element to the first, and ``ys[t]`` is
     still the output of the step that consumed ``xs[t]``, as in ``jax.lax.scan``.
 
-    Unlike that Python version, ``scan`` checks its arguments and the types ``fn`` returns and
-    says which leaf is wrong; it returns ``ys`` of the right shape and dtype when ``n == 0``
-    (found by running ``fn`` on fake tensors, never on real data); and under
+    Unlike that Python version, ``scan`` checks its arguments and the types ``fn`` returns at
+    every step and says which leaf is wrong; it refuses a ``fn`` that changes its carry or its
+    ``x`` in place (which the Python version would let change ``xs``, ``init`` or earlier
+    ``ys``), and never changes ``init`` or ``xs``; it returns ``ys`` of the right shape and
+    dtype when ``n == 0`` (found by running ``fn`` on fake tensors, never on real data); and under
     ``torch.onnx.export`` it becomes one ONNX ``Scan`` node instead of an unrolled graph.
     Eagerly it runs at the speed of the Python loop, on the device of its inputs, and autograd
     flows through it to ``init``, ``xs`` and every tensor ``fn`` captures.
@@ -55,7 +57,8 @@ def scan(
             dtypes and devices of ``init``. ``y`` is any pytree of tensors and ``None``; its
             structure and leaf types must be the same at every step. ``fn`` may return one
             tensor as both carry and y, close over tensors and modules, and use Python scalars;
-            it must not modify its arguments in place.
+            it must not change its arguments in place (``c += x``): write ``c = c + x``, and
+            clone a carried buffer before writing into it.
         init: the initial carry: a pytree (tuples, lists, dicts, namedtuples) of tensors and
             ``None``; ``None`` means no carry.
         xs: the sequences: a pytree of tensors (``None`` leaves pass through as ``None``) that
@@ -66,7 +69,7 @@ def scan(
             must agree with ``xs``.
         axis: the scanned axis of every ``xs`` leaf and the stacking axis of every ``ys`` leaf;
             negative values count from the back of each leaf.
-        reverse: run from the last element to the first.
+        reverse: run from the last element to the first (``True`` or ``False``).
 
     Returns:
         ``(carry, ys)``: the carry after the last step, and every leaf of ``y`` stacked along
@@ -76,10 +79,11 @@ def scan(
     Raises:
         TypeError: ``fn`` is not callable or does not return a pair; a leaf of ``init``, ``xs``
             or ``y`` is not a tensor or ``None``; the carry or ``y`` changes structure, shape,
-            dtype or device.
+            dtype or device at any step; ``reverse`` is not a bool.
         ValueError: ``axis`` is out of range for an ``xs`` or ``y`` leaf; the ``xs`` leaves have
             different lengths; ``length`` is missing, negative or disagrees with ``xs``; the
-            tensors of ``init`` and ``xs`` are on different devices.
+            tensors of ``init`` and ``xs`` are on different devices; ``fn`` changes its carry
+            or ``x`` in place.
 
     Example:
         A cumulative sum that also returns the running total at each step:
@@ -100,6 +104,7 @@ def scan_in_order(
     ``ys`` in the order the steps ran when ``reverse`` (Theano's ``go_backwards``), where ``scan``
     aligns them with ``xs``. Exported, that is ``scan_output_directions`` 0 instead of 1."""
     _checks.check_callable(_API, "fn", fn)
+    reverse = _checks.check_bool(_API, "reverse", reverse)
     _checks.refuse_torchscript(_API)
     _checks.refuse_strict_export(_API)
     plan = _plan(init, xs, length, axis)
@@ -111,7 +116,13 @@ def scan_in_order(
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
     steps = _slices(plan)
-    carry, ys = _PROTOCOL.run(fn, reversed(steps) if reverse else steps, plan.carry_type, axis)
+    carry, ys = _PROTOCOL.run(
+        fn,
+        reversed(steps) if reverse else steps,
+        plan.carry_type,
+        axis,
+        sources=_steps.Sources(plan.xs_leaves, plan.xs_spec),
+    )
     if reverse and realign:
         ys.reverse()
     return carry, _OUTPUTS.stack(ys, axis)

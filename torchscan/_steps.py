@@ -8,31 +8,16 @@ it, and the checks, worded for the function that calls them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
-from torchscan import _checks, _outputs
+from torchscan import _checks, _outputs, _pytree
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
+from torchscan._until import Until, until
 
-
-@dataclasses.dataclass(frozen=True)
-class Until:
-    """The stop flag a step function returns last: see :func:`until`."""
-
-    stop: Any
-
-
-def until(stop: torch.Tensor) -> Until:
-    """Mark ``stop`` as the flag that ends a loop after the current step.
-
-    A ``loop`` body or a ``scan`` step function returns ``(carry, y, torchscan.until(stop))``:
-    when ``stop`` (a 0-d bool tensor) is true, the step that computed it is the last one, and its
-    carry and ``y`` are kept. Exported, the loop becomes an ONNX ``Loop`` whose body returns
-    ``Not(stop)`` as its condition.
-    """
-    return Until(stop)
+__all__ = ["Protocol", "Sources", "Until", "refuse_changes_in_place", "until"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +26,7 @@ class Protocol:
 
     outputs: _outputs.Outputs
     step_name: str  # "step", "iteration"
+    item_name: str  # what the function receives besides the carry: "x", "i"
 
     @property
     def api(self) -> str:
@@ -56,6 +42,13 @@ class Protocol:
         if not (
             isinstance(out, tuple) and (len(out) == 2 or (len(out) == 3 and type(out[2]) is Until))
         ):
+            if isinstance(out, (tuple, list)) and any(type(item) is Until for item in out):
+                position = next(i for i, item in enumerate(out) if type(item) is Until)
+                raise TorchscanTypeError(
+                    f"{self.api}: until(...) must be the last item of what {self.fn_name} "
+                    f"returns, (carry, y, torchscan.until(stop)), but it is item {position} of "
+                    f"a {type(out).__name__} of length {len(out)}."
+                )
             raise TorchscanTypeError(
                 f"{self.api}: {self.fn_name} must return (carry, y) or "
                 f"(carry, y, torchscan.until(stop)), but it returned {_describe_result(out)}."
@@ -85,16 +78,29 @@ class Protocol:
         carry_type: _checks.CarryType,
         axis: int,
         refuse_without_until: str | None = None,
+        sources: Sequence[Any] | None = None,
     ) -> tuple[Any, list[Any]]:
         """``carry, y = call(carry, item)`` for every item until a stop; the ``y`` of each step.
 
-        The first step is checked in full; later steps can only differ from it through
-        data-dependent Python in the step function, which the final carry check and the stacking
-        of ``ys`` catch. ``refuse_without_until`` is the error to raise when the first step
-        returns no ``until`` and nothing else would end the loop.
+        The first step runs on copies of ``init`` and of its item, so that a step function that
+        changes its arguments in place is refused before it can change the caller's tensors;
+        every step is then checked for changes in place (through the tensors' version
+        counters) and for a carry of another shape or dtype. ``sources`` are the tensors of
+        which every later item is a view (the leaves of ``xs``), watched in place of the items;
+        without them, the items themselves are. ``refuse_without_until`` is the error to raise
+        when the first step returns no ``until`` and nothing else would end the loop.
         """
         items = iter(items)
-        out = call(carry_type.init, next(items))
+        first, carry = next(items), carry_type.init
+        # TorchDynamo, compiling the loop, keeps eager semantics itself and cannot read
+        # versions; inference tensors have none.
+        watching = not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled())
+        if not torch.compiler.is_compiling():
+            first, carry = _copies(first), _copies(carry)
+        before = _versions(carry, first) if watching else ()
+        out = call(carry, first)
+        if watching and _versions(carry, first) != before:
+            self._refuse_changes(carry_type, carry, first, None, 0, before)
         has_until = self.has_until(out)
         if refuse_without_until and not has_until:
             raise TorchscanValueError(refuse_without_until)
@@ -102,30 +108,83 @@ class Protocol:
         carry_type.check(carry, f" in its first {self.step_name}")
         self.outputs.check_first(y, axis)
         ys = [y]
+        if has_until and self.check_stop(out[2].stop, 0):
+            return carry, ys
         append = ys.append
-        if not has_until:
-            for item in items:
-                out = call(carry, item)
+        versions = _Watch(carry_type, sources, watching).versions
+        stop: Any = None
+        for index, item in enumerate(items, 1):
+            before = versions(carry, item)
+            out = call(carry, item)
+            if has_until:
                 try:
-                    carry, y = out
-                except (TypeError, ValueError):
-                    self.has_until(out, expected=False)
-                    raise
-                append(y)
-        elif not self.check_stop(out[2].stop, 0):
-            for item in items:
-                out = call(carry, item)
-                try:
-                    carry, y, flag = out
+                    new, y, flag = out
                     stop = flag.stop
                 except (TypeError, ValueError, AttributeError):
                     self.has_until(out, expected=True)
                     raise
-                append(y)
-                if self.check_stop(stop, len(ys) - 1):
-                    break
+            else:
+                try:
+                    new, y = out
+                except (TypeError, ValueError):
+                    self.has_until(out, expected=False)
+                    raise
+            if versions(carry, item) != before:
+                self._refuse_changes(carry_type, carry, item, sources, index, before)
+            if not carry_type.holds(new):
+                carry_type.check(new, f" in {self.step_name} {index}")
+            carry = new
+            append(y)
+            if has_until and self.check_stop(stop, index):
+                break
         carry_type.check(carry, f" in a later {self.step_name}")
         return carry, ys
+
+    def _refuse_changes(
+        self,
+        carry_type: _checks.CarryType,
+        carry: Any,
+        item: Any,
+        sources: Sources | None,
+        index: int,
+        before: tuple[int, ...],
+    ) -> None:
+        """Raise if the step that ran on ``carry`` and ``item`` changed one of them in place:
+        their versions were ``before`` (carry leaves, then ``sources`` or the item's leaves;
+        the first step's item, a copy, stands for itself)."""
+        named = [
+            (name, leaf)
+            for name, leaf in zip(
+                _pytree.leaf_names(carry_type.init, "carry"),
+                _pytree.tree_leaves(carry),
+                strict=True,
+            )
+            if leaf is not None
+        ]
+        if sources is None or index == 0:
+            named += _pytree.named_tensors(item, self.item_name)
+        else:
+            named += [
+                (f"a slice of {name}", leaf)
+                for name, leaf in sources.named()
+                if isinstance(leaf, torch.Tensor) and not leaf.is_inference()
+            ]
+        where = f"its first {self.step_name}" if index == 0 else f"{self.step_name} {index}"
+        copies = f"that {self.step_name} ran on copies" if index == 0 else ""
+        refuse_changes_in_place(self.api, self.fn_name, named, before, where, copies)
+
+    def refuse_traced_changes(self, arguments: Sequence[tuple[str, Any]]) -> Callable[[], None]:
+        """Record the versions of the arguments of one call of the step function being traced
+        (``[("carry", carry), ("x", x)]``); the function returned refuses the call if it changed
+        one of them in place."""
+        named = [
+            (name, leaf)
+            for root, tree in arguments
+            for name, leaf in _pytree.named_tensors(tree, root)
+            if isinstance(leaf, torch.Tensor)
+        ]
+        before = tuple(_version(leaf) for _, leaf in named)
+        return lambda: refuse_changes_in_place(self.api, self.fn_name, named, before, "", "")
 
     def check_fake_result(self, out: Any, carry_type: _checks.CarryType, axis: int) -> Any:
         """Check what the step function returned on fake tensors; return its ``y``."""
@@ -134,6 +193,133 @@ class Protocol:
         carry_type.check(out[0], "")
         self.outputs.check_first(out[1], axis)
         return out[1]
+
+
+def refuse_changes_in_place(
+    api: str,
+    fn_name: str,
+    named: Sequence[tuple[str, torch.Tensor]],
+    before: Sequence[int],
+    where: str,
+    copies: str,
+) -> None:
+    """Raise if one of the ``named`` tensors that ``fn_name`` received has another version than
+    ``before``: the function changed it in place. ``where`` names the step (``step 3``), and
+    ``copies`` says when that step ran on copies of the caller's tensors."""
+    changed = [
+        name
+        for (name, leaf), version in zip(named, before, strict=True)
+        if _version(leaf) != version
+    ]
+    if not changed:
+        return
+    untouched = f" ({copies}: the tensors passed to {api} are left as they were)" if copies else ""
+    raise TorchscanValueError(
+        f"{api}: {fn_name} must not change its arguments in place, but"
+        f"{f' in {where}' if where else ''} it changed {', '.join(changed)}{untouched}. An "
+        "exported loop could not do the same. Compute new tensors instead: h = h * 2 rather than "
+        "h.mul_(2) or h *= 2, and o = o.clone() before writing into o[i]."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Sources:
+    """The leaves of ``xs``: every ``x`` after the first is a view of them and shares their
+    version counters, so watching them watches every ``x``."""
+
+    leaves: Sequence[torch.Tensor | None]
+    spec: _pytree.TreeSpec
+
+    def named(self) -> list[tuple[str, torch.Tensor | None]]:
+        tree = _pytree.tree_unflatten(list(self.leaves), self.spec)
+        return list(zip(_pytree.leaf_names(tree, "xs"), self.leaves, strict=True))
+
+
+def _copies(tree: Any) -> Any:
+    """``tree`` with every tensor copied (differentiably), keeping its strides where it can."""
+    if isinstance(tree, torch.Tensor):
+        return _copy(tree)
+    return _pytree.tree_map(lambda t: _copy(t) if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` that computes as ``t`` does. ``clone`` keeps the strides of a dense
+    tensor; an ``x`` of a scan over a middle axis skips elements, and a reduction over it adds
+    in another order than over a dense copy, so on the CPU the copy gets the same strides (the
+    memory between its elements is reserved, never touched). A tensor whose elements overlap
+    (an expanded ``init``) is copied densely."""
+    extent = _extent(t)
+    if extent is None or extent == t.numel() or t.device.type != "cpu":
+        return t.clone()
+    spread = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return spread.copy_(t)
+
+
+def _extent(t: torch.Tensor) -> int | None:
+    """How many elements of memory ``t`` spans, or ``None`` if two of its elements share one."""
+    extent = 1
+    for stride, size in sorted(
+        (stride, size) for size, stride in zip(t.shape, t.stride(), strict=True)
+    ):
+        if size == 1:
+            continue
+        if size == 0:
+            return 0
+        if stride < extent:
+            return None
+        extent += stride * (size - 1)
+    return extent
+
+
+class _Watch:
+    """The version counters of what each step receives: a step that changes a tensor in place
+    bumps its counter. :attr:`versions` reads them for one step's ``(carry, item)``, in the
+    order :meth:`Protocol._refuse_changes` names them."""
+
+    def __init__(
+        self, carry_type: _checks.CarryType, sources: Sources | None, watching: bool
+    ) -> None:
+        self.versions: Callable[[Any, Any], tuple[int, ...]]
+        if not watching:
+            self.versions = lambda carry, item: ()
+            return
+        watched = (
+            None
+            if sources is None
+            else [
+                leaf
+                for leaf in sources.leaves
+                if isinstance(leaf, torch.Tensor) and not leaf.is_inference()
+            ]
+        )
+        if carry_type.single and watched is None:
+            self.versions = lambda carry, item: (carry._version, item._version)
+        elif carry_type.single and len(watched) == 1:
+            (source,) = watched
+            self.versions = lambda carry, item: (carry._version, source._version)
+        else:
+            self.watched = watched
+            self.versions = self._all
+
+    def _all(self, carry: Any, item: Any) -> tuple[int, ...]:
+        leaves = [leaf for leaf in _pytree.tree_leaves(carry) if leaf is not None]
+        if self.watched is None:
+            leaves += [leaf for leaf in _pytree.tree_leaves(item) if leaf is not None]
+        else:
+            leaves += self.watched
+        try:
+            return tuple(leaf._version for leaf in leaves)
+        except RuntimeError:  # a step returned an inference tensor: it has no version
+            return tuple(map(_version, leaves))
+
+
+def _versions(carry: Any, item: Any) -> tuple[int, ...]:
+    leaves = [*_pytree.tree_leaves(carry), *_pytree.tree_leaves(item)]
+    return tuple(_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+
+def _version(leaf: torch.Tensor) -> int:
+    return -1 if leaf.is_inference() else leaf._version
 
 
 def _describe_result(out: Any) -> str:

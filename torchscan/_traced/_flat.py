@@ -69,9 +69,14 @@ class _FlatStep:
 
     def call(self, *args: Any) -> Any:
         """``fn(*args)``; a guard on a tensor's value in the user's code, and a ``torch.cond``
-        whose branches TorchDynamo could not trace, are refused, naming the line."""
+        whose branches TorchDynamo could not trace, are refused, naming the line, and so is a
+        call that changes its arguments in place, as eagerly."""
+        names = ("i", "carry") if self.protocol.item_name == "i" else ("carry", "x")
+        refuse_changes = self.protocol.refuse_traced_changes(list(zip(names, args, strict=True)))
         try:
-            return self.fn(*args)
+            out = self.fn(*args)
+            refuse_changes()
+            return out
         except GuardOnDataDependentSymNode as error:
             refusal = _step_errors.data_dependent(self.source, error)
             if refusal is None:

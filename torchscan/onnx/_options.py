@@ -7,6 +7,8 @@ import contextvars
 import dataclasses
 from collections.abc import Iterator
 
+from torchscan import _checks
+
 
 @dataclasses.dataclass(frozen=True)
 class ExportOptions:
@@ -36,6 +38,8 @@ def export_options(**changes: bool) -> Iterator[ExportOptions]:
     ...     options.hoist_loop_invariants
     False
     """
+    for name, value in changes.items():
+        _checks.check_bool("torchscan.onnx.export_options", name, value)
     token = _current.set(dataclasses.replace(_current.get(), **changes))
     try:
         yield _current.get()

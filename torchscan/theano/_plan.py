@@ -18,8 +18,8 @@ import torch
 
 from torchscan._loop import loop as _loop
 from torchscan._scan import scan_in_order as _scan_in_order
-from torchscan._steps import Until
-from torchscan.theano._args import _Output, _Sequence
+from torchscan._steps import Until, refuse_changes_in_place
+from torchscan.theano._args import _API, _Output, _Sequence
 from torchscan.theano._step import _split_result
 from torchscan.theano._strict import _Known, _passed_tensors, _strict_call
 from torchscan.theano._truncate import _detach, _gate, _Window
@@ -50,8 +50,31 @@ class _Plan:
             v for out, state in zip(self.fed_back, states, strict=True) for v in out.past(state)
         ]
         args = [*x, *past, *self.non_sequences]
+        # Versions are read eagerly and while torch.export traces; TorchDynamo cannot read them.
+        watching = not (torch.compiler.is_dynamo_compiling() or torch.is_inference_mode_enabled())
+        before = tuple(t._version for t in (*x, *past)) if watching else ()
         result = _strict_call(self.fn, args, self.passed) if self.strict else self.fn(*args)
+        if watching and tuple(t._version for t in (*x, *past)) != before:
+            refuse_changes_in_place(
+                _API,
+                "fn",
+                list(zip(self._argument_names(), (*x, *past), strict=True)),
+                before,
+                "",
+                "",
+            )
         return _split_result(result, self.n_outputs)
+
+    def _argument_names(self) -> list[str]:
+        """What fn's arguments read, in order: sequences at their taps, then past outputs."""
+        return [
+            *(f"{seq.where} at tap {k}" for seq in self.sequences for k in seq.taps),
+            *(
+                f"outputs_info[{index}] at tap {k}"
+                for index, out in enumerate(self.outputs)
+                for k in out.taps
+            ),
+        ]
 
     def next_states(self, states: tuple[Any, ...], values: list[torch.Tensor]) -> tuple[Any, ...]:
         if not self.outputs:  # no outputs_info: nothing is fed back

@@ -119,6 +119,9 @@ def scan(
             tensor read by closure; ``until`` not returned last; the number of outputs does
             not match ``outputs_info``.
     """
+    _checks.check_bool(_API, "profile", profile)
+    if allow_gc is not None:
+        _checks.check_bool(_API, "allow_gc", allow_gc)
     del mode, name, profile, allow_gc
     stacked, _ = _run(
         fn, sequences, outputs_info, non_sequences, n_steps, truncate_gradient, go_backwards, strict
@@ -137,6 +140,8 @@ def _run(
     strict: bool,
 ) -> tuple[list[torch.Tensor], _Plan]:
     _checks.check_callable(_API, "fn", fn)
+    go_backwards = _checks.check_bool(_API, "go_backwards", go_backwards)
+    strict = _checks.check_bool(_API, "strict", strict)
     if isinstance(truncate_gradient, bool) or not isinstance(truncate_gradient, numbers.Integral):
         raise TorchscanTypeError(
             f"{_API}: truncate_gradient must be an int, but got {truncate_gradient!r}."
