@@ -277,6 +277,29 @@ def _feeds_from_args(model: onnx.ModelProto, args: Sequence[Any]) -> dict[str, A
     return feeds
 
 
+def _torch_args(feeds: Mapping[str, Any]) -> list[Any]:
+    """The feeds as the positional arguments of a PyTorch module: copies as torch tensors (lists
+    of them for sequences, None for empty optionals), in the model's input order; values torch
+    has no tensors for (strings) stay numpy arrays."""
+    return [_numpy_to_torch(value) for value in feeds.values()]
+
+
+def _numpy_to_torch(value: Any) -> Any:
+    import torch
+
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [_numpy_to_torch(v) for v in value]
+    for torch_type, (_, ml_dtype) in _ml_dtypes_of_torch().items():
+        if value.dtype == np.dtype(ml_dtype):  # through signed integers of its width
+            bits = np.array(value, copy=True).view(f"int{8 * value.dtype.itemsize}")
+            return torch.from_numpy(bits).view(torch_type)
+    if value.dtype.kind not in "biufc":
+        return value
+    return torch.from_numpy(np.array(value, copy=True))
+
+
 @functools.cache
 def _ml_dtypes_of_torch() -> dict[Any, tuple[Any, Any]]:
     """torch dtypes numpy has no type for -> (same-width torch int type, ml_dtypes type)."""
