@@ -26,7 +26,9 @@ from torchscan.onnx._check._inputs import (
     _describe,
     _feeds,
     _feeds_from_args,
+    _Source,
     _torch_args,
+    model_name,
     read_inputs,
 )
 from torchscan.onnx._check._limit import TimedOut, within
@@ -150,7 +152,9 @@ def check(
     notes = linted.notes
     endless = [f.node for f in linted.findings if f.rule == "loop-never-ends"]
     if runtimes or module is not None:
-        feeds, expected_values, described = _inputs(proto, inputs, expected, module, args, dims)
+        feeds, expected_values, described = _inputs(
+            proto, label, inputs, expected, module, args, dims
+        )
         if module is not None and args is None:
             args = _torch_args(feeds)
     if endless and (runtimes or module is not None):
@@ -219,6 +223,7 @@ def _check_options(
 
 def _inputs(
     model: onnx.ModelProto,
+    label: str,
     inputs: Any,
     expected: Any,
     module: Any,
@@ -233,14 +238,14 @@ def _inputs(
     elif dims:
         raise TorchscanValueError("dims sets the sizes of random inputs, but the inputs were given")
     elif inputs is None:
-        feeds = _feeds_from_args(model, args)
+        feeds = _feeds_from_args(model, args, label)
         source = "the tensors of args"
     elif isinstance(inputs, (str, os.PathLike)):
-        feeds, from_files = read_inputs(inputs, model)
+        feeds, from_files = read_inputs(inputs, model, label)
         expected_values = expected_values if expected_values is not None else from_files
         source = f"{inputs}"
     else:
-        feeds = _feeds(model, inputs, "the inputs")
+        feeds = _feeds(model, inputs, _Source("the inputs", model_name(label), plural=True))
         source = "given"
     described = (
         f"source: {source}",
