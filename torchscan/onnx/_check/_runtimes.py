@@ -4,7 +4,9 @@ with a ``Loop``, a ``ReduceLogSumExp`` and a ``GatherElements`` that follow the 
 :class:`_Unsupported`, which is not a failure. onnxruntime runs in this process, except where a
 crash is plausible: on inputs with an empty dimension (onnxruntime 1.32 ends the process with
 SIGFPE on some zero-length scans) and on models the lint found fault with. There it runs in a
-child process, whose death is reported as an error.
+child process, whose death is reported as an error. Under a time limit
+(:mod:`torchscan.onnx._check._limit`), onnxruntime is stopped through ``RunOptions.terminate``,
+and its child process is killed.
 """
 
 from __future__ import annotations
