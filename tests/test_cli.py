@@ -302,8 +302,20 @@ def test_unreadable_input_with_json_prints_one_json_document(
             "--strict fails where fewer than two sources ran the model, and --lint-only runs "
             "none; give one of them",
         ),
+        (
+            ["--module", "baselines:make", "--lint-only"],
+            "--module gives a baseline for the runtimes, and --lint-only runs none; give one of "
+            "them",
+        ),
     ],
-    ids=["timeout-zero", "timeout-word", "malformed-dim", "unknown-option", "strict-lint-only"],
+    ids=[
+        "timeout-zero",
+        "timeout-word",
+        "malformed-dim",
+        "unknown-option",
+        "strict-lint-only",
+        "module-lint-only",
+    ],
 )
 def test_wrong_options_with_json_print_one_json_document(
     files: Path, args: list[str], error: str

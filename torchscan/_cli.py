@@ -184,6 +184,13 @@ def _check(options: argparse.Namespace) -> int:
             options.json,
             EXIT_UNREADABLE,
         )
+    if options.module and options.lint_only:
+        return _fail(
+            "--module gives a baseline for the runtimes, and --lint-only runs none; give one of "
+            "them",
+            options.json,
+            EXIT_UNREADABLE,
+        )
     try:
         module = None if options.module is None else _baseline(options.module)
         report = check(

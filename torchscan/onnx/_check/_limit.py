@@ -108,7 +108,7 @@ def within(seconds: float | None, run: Callable[[Limit | None], T]) -> T:
     thread = threading.Thread(target=work, name="torchscan check", daemon=True)
     thread.start()
     try:
-        thread.join(seconds)
+        thread.join(min(seconds, threading.TIMEOUT_MAX))
     except BaseException:  # Ctrl-C: stop the source, and let the interrupt go on
         limit._stop(thread)
         raise
