@@ -518,12 +518,12 @@ def test_a_module_that_disagrees_exits_1(baselines: Path) -> None:
         ("baselines:missing", "--module baselines:missing: baselines has no attribute 'missing'"),
         (
             "baselines:not_callable",
-            "--module baselines:not_callable: baselines.not_callable is a int, not a factory to "
+            "--module baselines:not_callable: baselines.not_callable is an int, not a factory to "
             "call",
         ),
         (
             "baselines:returns_a_number",
-            "--module baselines:returns_a_number: returns_a_number() returned a int, not an "
+            "--module baselines:returns_a_number: returns_a_number() returned an int, not an "
             "nn.Module or a callable",
         ),
         (

@@ -250,7 +250,7 @@ def _baseline(spec: str) -> Any:
         found = getattr(found, part)
     if not callable(found):
         raise ValueError(
-            f"{where}: {name}.{attribute} is a {type(found).__name__}, not a factory to call"
+            f"{where}: {name}.{attribute} is {_a(type(found).__name__)}, not a factory to call"
         )
     try:
         baseline = found()
@@ -258,12 +258,17 @@ def _baseline(spec: str) -> Any:
         raise ValueError(f"{where}: {attribute}() raised {type(error).__name__}: {error}") from None
     if not callable(baseline):
         raise ValueError(
-            f"{where}: {attribute}() returned a {type(baseline).__name__}, not an nn.Module "
+            f"{where}: {attribute}() returned {_a(type(baseline).__name__)}, not an nn.Module "
             f"or a callable"
         )
     if hasattr(baseline, "eval") and hasattr(baseline, "training"):  # an nn.Module
         baseline.eval()
     return baseline
+
+
+def _a(noun: str) -> str:
+    """``"a str"``, ``"an int"``."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _print(report: object) -> None:
