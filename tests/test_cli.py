@@ -18,13 +18,13 @@ from onnx import helper as oh
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def torchscan(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+def torchscan(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "torchscan", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
-        timeout=300,
+        timeout=timeout,
     )
 
 
@@ -72,6 +72,11 @@ def files(tmp_path: Path) -> Path:
     assert data.startswith((tmp_path / "cut_at_graph.onnx").read_bytes())
     np.savez(tmp_path / "f64.npz", h0=np.zeros(2), xs=np.zeros((3, 2), np.float32))
     np.savez(tmp_path / "rank.npz", h0=np.zeros(2, np.float32), xs=np.zeros(3, np.float32))
+    np.savez(tmp_path / "h0.npz", h0=np.zeros(2, np.float32))
+    (tmp_path / "badpb").mkdir()
+    h0 = numpy_helper.from_array(np.zeros(2, np.float32), "h0").SerializeToString()
+    (tmp_path / "badpb" / "input_0.pb").write_bytes(h0)
+    (tmp_path / "badpb" / "input_1.pb").write_bytes(b"\xff\xff")
     (tmp_path / "f64pb").mkdir()
     for i, (name, value) in enumerate([("h0", np.zeros(2, np.float32)), ("xs", np.zeros((3, 2)))]):
         proto = numpy_helper.from_array(value, name).SerializeToString()
@@ -175,80 +180,374 @@ def test_json_output_parses_and_dims_set_random_inputs(files: Path) -> None:
     assert report["findings"] == []
 
 
-@pytest.mark.parametrize(
-    ("args", "line"),
-    [
-        (["missing.onnx"], "torchscan check: error: missing.onnx: no such file"),
-        (
-            ["notes.onnx"],
-            "torchscan check: error: notes.onnx: is not an ONNX model (byte 0 does not start a "
-            "field of ModelProto)",
-        ),
-        (
-            ["cut.onnx"],
-            "torchscan check: error: cut.onnx: is truncated: its graph field declares 285 bytes, "
-            "but the file ends 143 bytes into it",
-        ),
-        (
-            ["mlp.onnx"],
-            "torchscan check: error: mlp.onnx: has no Scan or Loop node; there is nothing to check",
-        ),
-        (
-            ["scan.onnx", "--inputs", "inputs.npz"],
-            "torchscan check: error: inputs.npz: no such file",
-        ),
-        (
-            ["corrupt.onnx", "--lint-only"],
-            "torchscan check: error: corrupt.onnx: is corrupt: its string graph.node[0].name is "
-            "not valid UTF-8 (b'a\\xfec')",
-        ),
-        (
-            ["cut_at_graph.onnx", "--lint-only"],
-            "torchscan check: error: cut_at_graph.onnx: has no opset_import, which every ONNX "
-            "model needs to say the versions of its operators (a file cut short right after its "
-            "graph field reads like this)",
-        ),
-        (
-            ["scan.onnx", "--inputs", "f64.npz"],
-            "torchscan check: error: the arrays of f64.npz give input 'h0' as float64[2], but the "
-            "model takes float32[2]: its element type is float64, not float32",
-        ),
-        (
-            ["scan.onnx", "--inputs", "rank.npz"],
-            "torchscan check: error: the arrays of rank.npz give input 'xs' as float32[3], but the "
-            "model takes float32[T, 2]: its rank is 1, not 2",
-        ),
-        (
-            ["scan.onnx", "--inputs", "f64pb"],
-            "torchscan check: error: the files of f64pb give input 'xs' as float64[3, 2], but the "
-            "model takes float32[T, 2]: its element type is float64, not float32",
-        ),
-        (
-            ["scan.onnx", "--dim", "T=99999999999"],
-            "torchscan check: error: random input 'xs', float32[99999999999, 2], would hold "
-            "199,999,999,998 elements, more than the 16,777,216 a random input may hold; give its "
-            "dynamic dimensions smaller sizes with dims (--dim NAME=SIZE)",
-        ),
-    ],
-    ids=[
-        "missing",
-        "not-onnx",
-        "truncated",
-        "no-loop",
-        "missing-inputs",
-        "corrupt-string",
-        "cut-at-graph-end",
-        "npz-dtype",
-        "npz-rank",
-        "pb-dtype",
-        "huge-dim",
-    ],
-)
+UNREADABLE = [
+    (["missing.onnx"], "torchscan check: error: missing.onnx: no such file"),
+    (
+        ["notes.onnx"],
+        "torchscan check: error: notes.onnx: is not an ONNX model (byte 0 does not start a "
+        "field of ModelProto)",
+    ),
+    (
+        ["cut.onnx"],
+        "torchscan check: error: cut.onnx: is truncated: its graph field declares 285 bytes, "
+        "but the file ends 143 bytes into it",
+    ),
+    (
+        ["mlp.onnx"],
+        "torchscan check: error: mlp.onnx: has no Scan or Loop node; there is nothing to check",
+    ),
+    (
+        ["scan.onnx", "--inputs", "inputs.npz"],
+        "torchscan check: error: inputs.npz: no such file",
+    ),
+    (
+        ["corrupt.onnx", "--lint-only"],
+        "torchscan check: error: corrupt.onnx: is corrupt: its string graph.node[0].name is "
+        "not valid UTF-8 (b'a\\xfec')",
+    ),
+    (
+        ["cut_at_graph.onnx", "--lint-only"],
+        "torchscan check: error: cut_at_graph.onnx: has no opset_import, which every ONNX "
+        "model needs to say the versions of its operators (a file cut short right after its "
+        "graph field reads like this)",
+    ),
+    (
+        ["scan.onnx", "--inputs", "f64.npz"],
+        "torchscan check: error: scan.onnx: input 'h0' takes float32[2], but f64.npz gives "
+        "float64[2]: its element type is float64, not float32",
+    ),
+    (
+        ["scan.onnx", "--inputs", "rank.npz"],
+        "torchscan check: error: scan.onnx: input 'xs' takes float32[T, 2], but rank.npz gives "
+        "float32[3]: its rank is 1, not 2",
+    ),
+    (
+        ["scan.onnx", "--inputs", "f64pb"],
+        "torchscan check: error: scan.onnx: input 'xs' takes float32[T, 2], but "
+        "f64pb/input_1.pb gives float64[3, 2]: its element type is float64, not float32",
+    ),
+    (
+        ["scan.onnx", "--inputs", "h0.npz"],
+        "torchscan check: error: h0.npz gives no value for input 'xs' of scan.onnx; its "
+        "inputs are: h0, xs",
+    ),
+    (
+        ["scan.onnx", "--inputs", "badpb"],
+        "torchscan check: error: badpb/input_1.pb: cannot read input 'xs' from it: it is not "
+        "a TensorProto (Error parsing message with type 'onnx.TensorProto': Wire format was "
+        "corrupt)",
+    ),
+    (
+        ["scan.onnx", "--dim", "T=99999999999"],
+        "torchscan check: error: random input 'xs', float32[99999999999, 2], would hold "
+        "199,999,999,998 elements, more than the 16,777,216 a random input may hold; give its "
+        "dynamic dimensions smaller sizes with dims (--dim NAME=SIZE)",
+    ),
+]
+
+UNREADABLE_IDS = [
+    "missing",
+    "not-onnx",
+    "truncated",
+    "no-loop",
+    "missing-inputs",
+    "corrupt-string",
+    "cut-at-graph-end",
+    "npz-dtype",
+    "npz-rank",
+    "pb-dtype",
+    "npz-missing-input",
+    "pb-unreadable",
+    "huge-dim",
+]
+
+
+@pytest.mark.parametrize(("args", "line"), UNREADABLE, ids=UNREADABLE_IDS)
 def test_unreadable_input_exits_2_with_one_line(files: Path, args: list[str], line: str) -> None:
     done = torchscan("check", *args, cwd=files)
     assert done.returncode == 2
     assert done.stderr == line + "\n"
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "line"), UNREADABLE, ids=UNREADABLE_IDS)
+def test_unreadable_input_with_json_prints_one_json_document(
+    files: Path, args: list[str], line: str
+) -> None:
+    done = torchscan("check", *args, "--json", cwd=files)
+    assert done.returncode == 2
+    assert json.loads(done.stdout) == {
+        "status": "error",
+        "error": line.removeprefix("torchscan check: error: "),
+        "exit_status": 2,
+    }
+    assert done.stderr == line + "\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ["--timeout", "0"],
+            "argument --timeout: expected a number of seconds greater than 0, not '0'",
+        ),
+        (
+            ["--timeout", "soon"],
+            "argument --timeout: expected a number of seconds greater than 0, not 'soon'",
+        ),
+        (["--dim", "T"], "argument --dim: expected NAME=SIZE with SIZE a whole number, not 'T'"),
+        (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (
+            ["--strict", "--lint-only"],
+            "--strict fails where fewer than two sources ran the model, and --lint-only runs "
+            "none; give one of them",
+        ),
+        (
+            ["--module", "baselines:make", "--lint-only"],
+            "--module gives a baseline for the runtimes, and --lint-only runs none; give one of "
+            "them",
+        ),
+    ],
+    ids=[
+        "timeout-zero",
+        "timeout-word",
+        "malformed-dim",
+        "unknown-option",
+        "strict-lint-only",
+        "module-lint-only",
+    ],
+)
+def test_wrong_options_with_json_print_one_json_document(
+    files: Path, args: list[str], error: str
+) -> None:
+    done = torchscan("check", "scan.onnx", *args, "--json", cwd=files)
+    assert done.returncode == 2
+    assert json.loads(done.stdout) == {"status": "error", "error": error, "exit_status": 2}
+    # argparse's parser of the whole command line finds the options that no command takes
+    prog = "torchscan" if error.startswith("unrecognized") else "torchscan check"
+    assert done.stderr.splitlines() == [f"{prog}: error: {error}"]
+
+
+def test_wrong_options_without_json_print_the_usage_and_one_line(files: Path) -> None:
+    done = torchscan("check", "scan.onnx", "--timeout", "-5", cwd=files)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("usage: torchscan check [-h]")
+    assert lines[-1] == (
+        "torchscan check: error: argument --timeout: expected a number of seconds greater than 0, "
+        "not '-5'"
+    )
+
+
+def test_the_report_in_json_says_its_status(files: Path) -> None:
+    done = torchscan("check", "broken.onnx", "--lint-only", "--json", cwd=files)
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert (report["status"], report["ok"], report["timeout"], report["strict"]) == (
+        "failed",
+        False,
+        60.0,
+        False,
+    )
+
+
+def test_version_prints_the_version_and_exits_0(files: Path) -> None:
+    import torchscan as package
+
+    done = torchscan("--version", cwd=files)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"torchscan {package.__version__}\n"
+    assert done.stderr == ""
+
+
+def test_a_loop_that_runs_past_the_timeout_is_stopped_and_exits_1(files: Path) -> None:
+    from .onnx.test_check_timeout import spinning_loop
+
+    onnx.save(spinning_loop(), files / "spin.onnx")
+    done = torchscan("check", "spin.onnx", "--timeout", "1", cwd=files, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr == ""
+    assert done.stdout.splitlines()[-3:] == [
+        "onnxruntime: timed out after 1 s",
+        "reference: timed out after 1 s",
+        "FAILED: onnxruntime timed out, reference timed out",
+    ]
+    done = torchscan("check", "spin.onnx", "--timeout", "0.5", "--json", cwd=files, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == "failed"
+    assert [(c["source"], c["status"], c["reason"]) for c in report["comparisons"]] == [
+        ("onnxruntime", "timeout", "timed out after 0.5 s"),
+        ("reference", "timeout", "timed out after 0.5 s"),
+    ]
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_ctrl_c_stops_the_check_at_once_and_exits_130(files: Path, as_json: bool) -> None:
+    import signal
+    import time
+
+    from .onnx.test_check_timeout import spinning_loop
+
+    onnx.save(spinning_loop(), files / "spin.onnx")
+    command = [sys.executable, "-m", "torchscan", "check", "spin.onnx", "--timeout", "600"]
+    child = subprocess.Popen(
+        command + ["--json"] * as_json,
+        cwd=files,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        maps = Path(f"/proc/{child.pid}/maps")
+        # onnxruntime is imported when the first runtime starts: then the model is running.
+        while "onnxruntime_pybind11_state" not in maps.read_text():
+            assert child.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.5)
+        start = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=20)
+        assert time.monotonic() - start < 5
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 130
+    assert stderr == "torchscan check: interrupted\n"
+    if as_json:
+        assert json.loads(stdout) == {
+            "status": "interrupted",
+            "error": "interrupted",
+            "exit_status": 130,
+        }
+    else:
+        assert stdout == ""
+
+
+def test_strict_fails_a_check_that_compared_nothing(tmp_path: Path) -> None:
+    from .onnx.test_check_random import noisy_scan
+
+    onnx.save(noisy_scan(opset=22, reverse=True), tmp_path / "noisy.onnx")
+    done = torchscan("check", "noisy.onnx", "--strict", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "FAILED: too few sources ran the model to compare outputs: none ran (onnxruntime: not "
+        "supported by that runtime; reference: not supported by that runtime) (strict)"
+    )
+
+
+def test_strict_passes_a_check_that_compared_two_sources(files: Path) -> None:
+    done = torchscan("check", "scan.onnx", "--strict", "--json", cwd=files)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["strict"] is True
+
+
+BASELINES = """
+import torch
+
+
+class Cumulative(torch.nn.Module):
+    def forward(self, h0, xs):
+        assert not self.training
+        ys = h0 + torch.cumsum(xs, 0)
+        return ys[-1], ys
+
+
+def make():
+    return Cumulative()
+
+
+def wrong():
+    return lambda h0, xs: (h0, xs + 1)
+
+
+not_callable = 3
+
+
+def returns_a_number():
+    return 3
+
+
+def fails():
+    raise RuntimeError("no weights")
+"""
+
+
+@pytest.fixture
+def baselines(files: Path) -> Path:
+    (files / "baselines.py").write_text(BASELINES)
+    (files / "broken_baselines.py").write_text("import no_such_module_anywhere\n")
+    return files
+
+
+def test_a_module_is_a_third_source_and_the_baseline(baselines: Path) -> None:
+    done = torchscan("check", "scan.onnx", "--module", "baselines:make", "--json", cwd=baselines)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert [(c["source"], c["status"]) for c in report["comparisons"]] == [
+        ("pytorch", "baseline"),
+        ("onnxruntime", "ok"),
+        ("reference", "ok"),
+    ]
+
+
+def test_a_module_that_disagrees_exits_1(baselines: Path) -> None:
+    done = torchscan("check", "scan.onnx", "--module", "baselines:wrong", cwd=baselines)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "FAILED: onnxruntime mismatch, reference mismatch"
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ("baselines", "--module baselines: expected PACKAGE.MODULE:FACTORY"),
+        (
+            "no_such_package.models:make",
+            "--module no_such_package.models:make: cannot import no_such_package.models "
+            "(ModuleNotFoundError: No module named 'no_such_package')",
+        ),
+        (
+            "broken_baselines:make",
+            "--module broken_baselines:make: cannot import broken_baselines "
+            "(ModuleNotFoundError: No module named 'no_such_module_anywhere')",
+        ),
+        ("baselines:missing", "--module baselines:missing: baselines has no attribute 'missing'"),
+        (
+            "baselines:not_callable",
+            "--module baselines:not_callable: baselines.not_callable is an int, not a factory to "
+            "call",
+        ),
+        (
+            "baselines:returns_a_number",
+            "--module baselines:returns_a_number: returns_a_number() returned an int, not an "
+            "nn.Module or a callable",
+        ),
+        (
+            "baselines:fails",
+            "--module baselines:fails: fails() raised RuntimeError: no weights",
+        ),
+    ],
+    ids=[
+        "no-factory",
+        "no-package",
+        "import-fails",
+        "no-attribute",
+        "not-callable",
+        "returns-int",
+        "raises",
+    ],
+)
+def test_a_module_that_cannot_be_used_exits_2_with_one_line(
+    baselines: Path, spec: str, error: str
+) -> None:
+    done = torchscan("check", "scan.onnx", "--module", spec, cwd=baselines)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == f"torchscan check: error: {error}\n"
 
 
 def test_a_malformed_dim_exits_2(files: Path) -> None:
@@ -284,7 +583,7 @@ def test_a_dim_too_large_to_read_exits_2(files: Path) -> None:
 def test_no_command_prints_the_help_and_exits_2(files: Path) -> None:
     done = torchscan(cwd=files)
     assert done.returncode == 2
-    assert done.stderr.startswith("usage: torchscan [-h] COMMAND ...")
+    assert done.stderr.startswith("usage: torchscan [-h] [--version] COMMAND ...")
 
 
 def test_the_script_entry_point_is_the_cli() -> None:

@@ -1,42 +1,92 @@
 """The ``torchscan`` command line: ``torchscan check MODEL.onnx`` (see ``docs/check.md``).
 
 This module imports neither onnx nor onnxruntime until a command runs, so that ``import
-torchscan`` stays light.
+torchscan`` stays light. ``check`` always ends: each source of outputs runs within ``--timeout``
+seconds, and Ctrl-C stops it at once (exit status 130); with ``--json``, what is printed on
+stdout is one JSON document whatever happens, errors included.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-"""Findings, outputs that disagree, or a runtime that failed on the model."""
+"""Findings, outputs that disagree, a runtime that failed on the model or did not end within the
+timeout, or (``--strict``) fewer than two sources that ran the model."""
 EXIT_UNREADABLE = 2
 """The model or the inputs cannot be read, or the options do not fit the model."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C: 128 + SIGINT, as shells report a command that SIGINT ended."""
+DEFAULT_TIMEOUT = 60.0
+"""Seconds each source of outputs may run, by default."""
+
+
+class _UsageError(Exception):
+    """Options that argparse refuses; raised in place of its exit, so that ``--json`` is kept."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self, message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``torchscan`` command with ``argv`` (``sys.argv[1:]`` by default).
 
     Returns:
-      The exit status: 0 when the model is clean, 1 on findings or mismatches, 2 when the
-      model or the inputs cannot be read (one line on stderr says why).
+      The exit status: 0 when the model is clean, 1 on findings, mismatches or timeouts, 2 when
+      the model, the inputs or the options cannot be used (one line on stderr says why, and
+      with ``--json`` a JSON document on stdout), 130 on Ctrl-C.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
     parser = _parser()
-    options = parser.parse_args(argv)
-    if options.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_UNREADABLE
-    return _check(options)
+    try:
+        options = parser.parse_args(argv)
+        if options.command is None:
+            parser.print_help(sys.stderr)
+            return EXIT_UNREADABLE
+        return _check(options)
+    except _UsageError as error:
+        if not as_json:
+            error.parser.print_usage(sys.stderr)
+        return _fail(str(error), as_json, EXIT_UNREADABLE, prog=error.parser.prog)
+    except KeyboardInterrupt:
+        return _fail("interrupted", as_json, EXIT_INTERRUPTED, status="interrupted")
+
+
+def _fail(
+    message: str, as_json: bool, code: int, *, status: str = "error", prog: str = "torchscan check"
+) -> int:
+    """Say why the command stops on one line of stderr, ``PROG: error: MESSAGE``, and with
+    ``--json`` as one JSON document on stdout: ``{"status": "error", "error": MESSAGE,
+    "exit_status": 2}`` (``"interrupted"`` and 130 on Ctrl-C)."""
+    line = f"{prog}: error: {message}" if status == "error" else f"{prog}: {message}"
+    print(line, file=sys.stderr, flush=True)
+    if as_json:
+        document = {"status": status, "error": message, "exit_status": code}
+        print(json.dumps(document, ensure_ascii=False), flush=True)
+    return code
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from torchscan import __version__
+
+    parser = _Parser(
         prog="torchscan", description="Tools for loops exported to ONNX Scan and Loop nodes."
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"torchscan {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     check = commands.add_parser(
         "check",
         help="lint the Scan and Loop nodes of an ONNX model and compare runtimes on it",
@@ -44,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
             "Lint every Scan and Loop node of MODEL against the rules of its version, run the "
             "model in onnxruntime and onnx's reference evaluator, and compare their outputs "
             "(with the expected outputs where the inputs come with them). Exit status: 0 "
-            "clean, 1 findings or mismatches, 2 unreadable input."
+            "clean, 1 findings, mismatches or timeouts, 2 unreadable input or wrong options, "
+            "130 Ctrl-C."
         ),
     )
     check.add_argument("model", metavar="MODEL.onnx", help="the ONNX model to check")
@@ -70,11 +121,46 @@ def _parser() -> argparse.ArgumentParser:
         "size of its own, 3, 4, ... skipping static sizes, except that the lengths of one Scan's "
         "scan inputs get one size",
     )
-    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"seconds each runtime (and PyTorch) may run before it is stopped and reported as "
+        f"timed out, a failure ({DEFAULT_TIMEOUT:g})",
+    )
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) where fewer than two sources ran the model, so nothing was compared",
+    )
+    check.add_argument(
+        "--module",
+        metavar="PACKAGE.MODULE:FACTORY",
+        help="a PyTorch baseline: FACTORY() returns the nn.Module (put in eval mode) or callable "
+        "that is run on the model's inputs, in their order, and compared with the runtimes",
+    )
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help='print the report as JSON; errors too, as {"status": "error", "error": ...}',
+    )
     check.add_argument(
         "--lint-only", action="store_true", help="lint the nodes without running the model"
     )
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds greater than 0, not {text!r}"
+        )
+    return seconds
 
 
 def _dim(text: str) -> tuple[str, int]:
@@ -91,7 +177,22 @@ def _dim(text: str) -> tuple[str, int]:
 def _check(options: argparse.Namespace) -> int:
     from torchscan.onnx._check._compare import RUNTIMES, check
 
+    if options.strict and options.lint_only:
+        return _fail(
+            "--strict fails where fewer than two sources ran the model, and --lint-only runs "
+            "none; give one of them",
+            options.json,
+            EXIT_UNREADABLE,
+        )
+    if options.module and options.lint_only:
+        return _fail(
+            "--module gives a baseline for the runtimes, and --lint-only runs none; give one of "
+            "them",
+            options.json,
+            EXIT_UNREADABLE,
+        )
     try:
+        module = None if options.module is None else _baseline(options.module)
         report = check(
             options.model,
             inputs=options.inputs,
@@ -99,22 +200,75 @@ def _check(options: argparse.Namespace) -> int:
             rtol=options.rtol,
             dims=dict(options.dim) or None,
             runtimes=() if options.lint_only else RUNTIMES,
+            module=module,
+            timeout=options.timeout,
+            strict=options.strict,
         )
     except (OSError, ValueError) as error:
-        print(f"torchscan check: error: {error}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _fail(str(error), options.json, EXIT_UNREADABLE)
     except MemoryError:
-        print(
-            "torchscan check: error: out of memory reading or running the model; give dynamic "
-            "dimensions smaller sizes with --dim NAME=SIZE",
-            file=sys.stderr,
+        return _fail(
+            "out of memory reading or running the model; give dynamic dimensions smaller sizes "
+            "with --dim NAME=SIZE",
+            options.json,
+            EXIT_UNREADABLE,
         )
-        return EXIT_UNREADABLE
     if options.json:
         print(report.to_json())
     else:
         _print(report)
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _baseline(spec: str) -> Any:
+    """The PyTorch baseline that ``--module PACKAGE.MODULE:FACTORY`` names: what ``FACTORY()``
+    returns, an ``nn.Module`` put in eval mode, or another callable. The module is imported
+    with the current folder on ``sys.path``, as ``python -m`` does.
+
+    Raises:
+      ValueError: the module cannot be imported, has no such attribute, or what it names or
+        returns cannot be called; the message says which.
+    """
+    import importlib
+    import os
+
+    name, sep, attribute = spec.partition(":")
+    if not (sep and name and attribute):
+        raise ValueError(f"--module {spec}: expected PACKAGE.MODULE:FACTORY")
+    where = f"--module {spec}"
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(name)
+    except Exception as error:  # any error of the user's module, ImportError or other
+        raise ValueError(
+            f"{where}: cannot import {name} ({type(error).__name__}: {error})"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            raise ValueError(f"{where}: {name} has no attribute {attribute!r}")
+        found = getattr(found, part)
+    if not callable(found):
+        raise ValueError(
+            f"{where}: {name}.{attribute} is {_a(type(found).__name__)}, not a factory to call"
+        )
+    try:
+        baseline = found()
+    except Exception as error:
+        raise ValueError(f"{where}: {attribute}() raised {type(error).__name__}: {error}") from None
+    if not callable(baseline):
+        raise ValueError(
+            f"{where}: {attribute}() returned {_a(type(baseline).__name__)}, not an nn.Module "
+            f"or a callable"
+        )
+    if hasattr(baseline, "eval") and hasattr(baseline, "training"):  # an nn.Module
+        baseline.eval()
+    return baseline
+
+
+def _a(noun: str) -> str:
+    """``"a str"``, ``"an int"``."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _print(report: object) -> None:

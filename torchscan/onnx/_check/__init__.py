@@ -3,7 +3,8 @@
 files, with a parser of the protobuf wire format that says what is wrong with a corrupt one),
 ``_inputs`` and ``_random`` (given and random inputs), ``_runtimes`` (onnxruntime, in a child
 process where a crash is plausible, onnx's reference evaluator with the operators of
-``_reference_ops`` and a ``Loop`` that follow the specification, and eager PyTorch), ``_diff``
+``_reference_ops`` and a ``Loop`` that follow the specification, and eager PyTorch), ``_limit``
+(each of them within a time limit, stopped at once on Ctrl-C), ``_diff``
 (outputs against the baseline's), ``_lint`` (the lint's driver), ``_rules`` (the rule table and the
 words of the specification), ``_site`` and ``_shared_rules`` (what the Scan and Loop rules share),
 ``_scan_rules``, ``_loop_rules``, and ``_report`` (the report, rendered by ``rich``). Importing the

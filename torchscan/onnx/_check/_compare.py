@@ -26,8 +26,12 @@ from torchscan.onnx._check._inputs import (
     _describe,
     _feeds,
     _feeds_from_args,
+    _Source,
+    _torch_args,
+    model_name,
     read_inputs,
 )
+from torchscan.onnx._check._limit import TimedOut, within
 from torchscan.onnx._check._load import _check_readable, load_model
 from torchscan.onnx._check._random import SEED, random_inputs
 from torchscan.onnx._check._random_ops import random_outputs
@@ -37,6 +41,7 @@ from torchscan.onnx._check._report import (
     MISMATCH,
     OK,
     RANDOM,
+    TIMEOUT,
     UNSUPPORTED,
     CheckReport,
     Comparison,
@@ -59,6 +64,8 @@ def check(
     rtol: float = DEFAULT_RTOL,
     dims: Mapping[str, int] | None = None,
     runtimes: Sequence[str] = RUNTIMES,
+    timeout: float | None = None,
+    strict: bool = False,
 ) -> CheckReport:
     """Lint every ``Scan`` and ``Loop`` node of an ONNX model and compare runtimes on it.
 
@@ -81,9 +88,11 @@ def check(
     than 0 or in reverse, or on an operator it does not implement; onnxruntime where it has no
     kernel, its status NOT_IMPLEMENTED, and on 4-bit and 2-bit types; either on a zero-length
     scan) is reported as not supported, which is not a failure; any other error of a runtime is.
+    So is a source that does not end within ``timeout`` seconds: it is stopped, and reported as
+    ``"timeout"``.
 
     The inputs are, in this order of preference: ``inputs``; the tensors among ``args`` (as
-    ``torch.onnx.export`` flattens them) when a module is given; random values built from the
+    ``torch.onnx.export`` flattens them) where given; random values built from the
     model's input types. Given inputs must be of the element types, ranks and static sizes of
     the model's inputs. Random inputs have dynamic dimensions of the sizes in ``dims``; one left
     unset gets a size of its own (3, 4, 5, ... in the order they appear, skipping the sizes of
@@ -105,11 +114,17 @@ def check(
         a sequence in output order.
       module: a callable, typically the ``torch.nn.Module`` that was exported, run as is (put it
         in eval mode first) under ``torch.no_grad()``.
-      args: the positional arguments of ``module``; needed exactly when ``module`` is given.
+      args: the positional arguments of ``module``; without them, ``module`` is run on the
+        model's inputs, as torch tensors in the model's input order.
       atol: the absolute tolerance, at least 0.
       rtol: the relative tolerance, at least 0.
       dims: sizes of named dynamic dimensions (``dim_param``) for random inputs.
       runtimes: which of ``"onnxruntime"`` and ``"reference"`` to run; empty to lint only.
+      timeout: the seconds each source (each runtime, and PyTorch) may run before it is stopped
+        and reported as timed out; None for no limit. Under a limit, each source runs in a
+        thread of its own, and Ctrl-C (``KeyboardInterrupt``) stops it at once.
+      strict: fail (``report.ok`` False) where fewer than two sources ran the model, so that
+        nothing was compared.
 
     Returns:
       A :class:`CheckReport`; ``report.ok`` is True when nothing was found and no output
@@ -123,7 +138,7 @@ def check(
         random inputs too large); the message says which and why.
       TypeError: ``model`` is of none of the accepted types.
     """
-    _check_options(atol, rtol, runtimes, module, args)
+    _check_options(atol, rtol, runtimes, module, args, timeout)
     proto, label = load_model(model)
     _check_readable(proto, label)
     try:
@@ -137,7 +152,11 @@ def check(
     notes = linted.notes
     endless = [f.node for f in linted.findings if f.rule == "loop-never-ends"]
     if runtimes or module is not None:
-        feeds, expected_values, described = _inputs(proto, inputs, expected, module, args, dims)
+        feeds, expected_values, described = _inputs(
+            proto, label, inputs, expected, module, args, dims
+        )
+        if module is not None and args is None:
+            args = _torch_args(feeds)
     if endless and (runtimes or module is not None):
         notes += (
             f"the model was not run: {endless[0]} never ends (see its loop-never-ends finding), "
@@ -156,6 +175,7 @@ def check(
             runtimes=runtimes,
             isolate=bool(linted.findings),
             random=random,
+            timeout=timeout,
         )
         if any(c.status in (OK, MISMATCH) for c in comparisons):
             notes += tuple(
@@ -173,15 +193,23 @@ def check(
         atol=atol,
         rtol=rtol,
         notes=notes,
+        timeout=timeout,
+        strict=strict,
     )
 
 
 def _check_options(
-    atol: float, rtol: float, runtimes: Sequence[str], module: Any, args: Any
+    atol: float, rtol: float, runtimes: Sequence[str], module: Any, args: Any, timeout: Any
 ) -> None:
     for name, value in (("atol", atol), ("rtol", rtol)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise TorchscanValueError(f"{name} must be a finite number at least 0, not {value!r}")
+    if timeout is not None and not (
+        isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
+    ):
+        raise TorchscanValueError(
+            f"timeout must be a finite number of seconds greater than 0, or None, not {timeout!r}"
+        )
     if isinstance(runtimes, str):
         raise TorchscanValueError(f"runtimes is a sequence of names, not the string {runtimes!r}")
     for runtime in runtimes:
@@ -189,15 +217,13 @@ def _check_options(
             raise TorchscanValueError(
                 f"unknown runtime {runtime!r}; the runtimes are {', '.join(RUNTIMES)}"
             )
-    if (module is None) != (args is None):
-        given, missing = ("module", "args") if args is None else ("args", "module")
-        raise TorchscanValueError(
-            f"{given} was given without {missing}: PyTorch runs module(*args)"
-        )
+    if module is None and args is not None:
+        raise TorchscanValueError("args was given without module: PyTorch runs module(*args)")
 
 
 def _inputs(
     model: onnx.ModelProto,
+    label: str,
     inputs: Any,
     expected: Any,
     module: Any,
@@ -206,20 +232,20 @@ def _inputs(
 ) -> tuple[dict[str, Any], list[Any] | None, tuple[str, ...]]:
     """The feeds, the expected outputs (or None) and a description of the feeds."""
     expected_values = None if expected is None else _by_position(model, expected)
-    if inputs is None and module is None:
+    if inputs is None and args is None:
         feeds = random_inputs(model, dims or {})
         source = f"random (seed {SEED})"
     elif dims:
         raise TorchscanValueError("dims sets the sizes of random inputs, but the inputs were given")
     elif inputs is None:
-        feeds = _feeds_from_args(model, args)
+        feeds = _feeds_from_args(model, args, label)
         source = "the tensors of args"
     elif isinstance(inputs, (str, os.PathLike)):
-        feeds, from_files = read_inputs(inputs, model)
+        feeds, from_files = read_inputs(inputs, model, label)
         expected_values = expected_values if expected_values is not None else from_files
         source = f"{inputs}"
     else:
-        feeds = _feeds(model, inputs, "the inputs")
+        feeds = _feeds(model, inputs, _Source("the inputs", model_name(label), plural=True))
         source = "given"
     described = (
         f"source: {source}",
@@ -243,6 +269,7 @@ def compare(
     runtimes: Sequence[str] = RUNTIMES,
     isolate: bool = False,
     random: Mapping[str, str] | None = None,
+    timeout: float | None = None,
 ) -> tuple[Comparison, ...]:
     """Run ``model`` in ``runtimes`` (and ``module(*args)``) and hold each against a baseline.
 
@@ -258,6 +285,7 @@ def compare(
       isolate: run onnxruntime in a child process even where the inputs seem safe.
       random: the outputs that depend on a random operator, whose values are not compared (their
         shapes and element types are); by default, as :func:`random_outputs` finds them.
+      timeout: the seconds each source may run (:func:`within`); None for no limit.
 
     Returns:
       One :class:`Comparison` per source, the baseline first.
@@ -268,11 +296,17 @@ def compare(
     if expected is not None:
         results["expected"] = expected
     if module is not None:
-        results["pytorch"] = _attempt(lambda: _pytorch_outputs(module, args or ()))
+        results["pytorch"] = _attempt(
+            lambda: within(timeout, lambda _: _pytorch_outputs(module, args or ()))
+        )
     empty = _has_empty_dimension(feeds)
     for runtime in runtimes:
         run = _RUNNERS[runtime]
-        results[runtime] = _attempt(lambda run=run: run(model, feeds, isolate or empty))
+        results[runtime] = _attempt(
+            lambda run=run: within(
+                timeout, lambda limit: run(model, feeds, isolate or empty, limit)
+            )
+        )
     baseline = next((s for s, r in results.items() if not isinstance(r, BaseException)), None)
     comparisons = []
     for source, result in results.items():
@@ -301,6 +335,8 @@ def _attempt(run: Callable[[], list[Any]]) -> list[Any] | BaseException:
 
 def _failed(source: str, against: str, error: BaseException, empty: bool) -> Comparison:
     reason = _one_line(error)
+    if isinstance(error, TimedOut):
+        return Comparison(source, against, TIMEOUT, reason)
     if isinstance(error, _Unsupported) or _runtime_lacks(source, error):
         return Comparison(source, against, UNSUPPORTED, reason)
     if empty and source in RUNTIMES:

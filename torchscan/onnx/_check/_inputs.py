@@ -7,6 +7,7 @@ types before anything runs, and described in the words of the report.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -76,7 +77,37 @@ def _np_dtype(elem_type: int) -> np.dtype | None:
         return None
 
 
-def _check_fit(model: onnx.ModelProto, feeds: Mapping[str, Any], what: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """Where given inputs come from, in the words of the errors about them.
+
+    Attributes:
+      name: the file or folder they were read from (``"in.npz"``), or what they are, in the
+        plural (``"the inputs"``).
+      model: the model's path, or ``"the model"``.
+      plural: whether ``name`` is plural (``"the inputs give"``, ``"in.npz gives"``).
+      files: the file each input was read from, by input name (``input_*.pb`` files).
+    """
+
+    name: str
+    model: str = "the model"
+    plural: bool = False
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def gives(self, input_name: str | None = None) -> str:
+        """``"in.npz gives"``, or the file the input came from: ``"case/input_0.pb gives"``."""
+        file = self.files.get(input_name or "")
+        if file is not None:
+            return f"{file} gives"
+        return f"{self.name} {'give' if self.plural else 'gives'}"
+
+
+def model_name(label: str) -> str:
+    """How errors about inputs name a model: its path, or "the model" (bytes, a proto)."""
+    return "the model" if label.startswith("<") else label
+
+
+def _check_fit(model: onnx.ModelProto, feeds: Mapping[str, Any], source: _Source) -> None:
     """Refuse values that the model's inputs do not take, before anything runs: a runtime
     would fail on them, or worse, onnx.reference would compute in their type."""
     for info in graph_inputs(model):
@@ -84,8 +115,8 @@ def _check_fit(model: onnx.ModelProto, feeds: Mapping[str, Any], what: str) -> N
         problem = _misfit(info.type, value)
         if problem:
             raise TorchscanValueError(
-                f"{what} give input {info.name!r} as {_describe(value)}, but the model takes "
-                f"{_type_text(info.type)}: {problem}"
+                f"{source.model}: input {info.name!r} takes {_type_text(info.type)}, but "
+                f"{source.gives(info.name)} {_describe(value)}: {problem}"
             )
 
 
@@ -124,7 +155,7 @@ def _misfit(type_proto: onnx.TypeProto, value: Any, shapes: bool = True) -> str 
     return None
 
 
-def _feeds(model: onnx.ModelProto, values: Any, what: str) -> dict[str, Any]:
+def _feeds(model: onnx.ModelProto, values: Any, source: _Source) -> dict[str, Any]:
     """Map given values (by name or by position) onto the model's inputs."""
     names = [i.name for i in graph_inputs(model)]
     listed = ", ".join(names) or "none"
@@ -132,23 +163,25 @@ def _feeds(model: onnx.ModelProto, values: Any, what: str) -> dict[str, Any]:
         unknown = [k for k in values if k not in names]
         if unknown:
             raise TorchscanValueError(
-                f"{what} give values for {', '.join(map(repr, unknown))}, which the model has no "
-                f"input for; its inputs are: {listed}"
+                f"{source.gives()} values for {', '.join(map(repr, unknown))}, which "
+                f"{source.model} has no input for; its inputs are: {listed}"
             )
         missing = [n for n in names if n not in values]
         if missing:
             raise TorchscanValueError(
-                f"{what} give no value for model input {missing[0]!r}; its inputs are: {listed}"
+                f"{source.gives()} no value for input {missing[0]!r} of {source.model}; its "
+                f"inputs are: {listed}"
             )
         feeds = {n: _as_value(values[n]) for n in names}
     else:
         values = list(values)
         if len(values) != len(names):
             raise TorchscanValueError(
-                f"{what} give {len(values)} values, but the model has {len(names)} inputs: {listed}"
+                f"{source.gives()} {len(values)} values, but {source.model} has {len(names)} "
+                f"inputs: {listed}"
             )
         feeds = {n: _as_value(v) for n, v in zip(names, values, strict=True)}
-    _check_fit(model, feeds, what)
+    _check_fit(model, feeds, source)
     return feeds
 
 
@@ -181,9 +214,12 @@ def _as_value(value: Any) -> Any:
 # --- files ------------------------------------------------------------------------------------
 
 
-def read_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> tuple[dict, list | None]:
+def read_inputs(
+    path: str | os.PathLike, model: onnx.ModelProto, label: str = "the model"
+) -> tuple[dict, list | None]:
     """Feeds from an ``.npz`` file or a folder of ``input_*.pb`` files, and the expected
-    outputs from the folder's ``output_*.pb`` files where there are any.
+    outputs from the folder's ``output_*.pb`` files where there are any; errors name the model
+    by ``label`` (its path), the file, and the input.
 
     Raises:
       FileNotFoundError: nothing at ``path``.
@@ -193,7 +229,7 @@ def read_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> tuple[dict, 
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     if path.is_dir():
-        return _read_test_data(path, model)
+        return _read_test_data(path, model, label)
     if path.suffix != ".npz":
         raise TorchscanValueError(
             f"{path}: cannot read inputs from it: expected a .npz file or a folder of "
@@ -206,12 +242,13 @@ def read_inputs(path: str | os.PathLike, model: onnx.ModelProto) -> tuple[dict, 
         raise TorchscanValueError(f"{path}: cannot read arrays from it ({error})") from None
     names = [i.name for i in graph_inputs(model)]
     positional = [f"arr_{i}" for i in range(len(arrays))]
+    source = _Source(str(path), model_name(label))
     if sorted(arrays) == sorted(positional) and not set(arrays) & set(names):
-        return _feeds(model, [arrays[k] for k in positional], f"the arrays of {path}"), None
-    return _feeds(model, arrays, f"the arrays of {path}"), None
+        return _feeds(model, [arrays[k] for k in positional], source), None
+    return _feeds(model, arrays, source), None
 
 
-def _read_test_data(folder: Path, model: onnx.ModelProto) -> tuple[dict, list | None]:
+def _read_test_data(folder: Path, model: onnx.ModelProto, label: str) -> tuple[dict, list | None]:
     if not list(folder.glob("input_*.pb")):
         data_sets = sorted(folder.glob("test_data_set_*"))
         if not data_sets:
@@ -219,19 +256,28 @@ def _read_test_data(folder: Path, model: onnx.ModelProto) -> tuple[dict, list | 
                 f"{folder}: has no input_*.pb files and no test_data_set_* folder"
             )
         folder = data_sets[0]
-    inputs = _read_protos(folder, "input", graph_inputs(model))
-    outputs = _read_protos(folder, "output", list(model.graph.output))
-    return _feeds(model, inputs, f"the files of {folder}"), outputs or None
+    infos = graph_inputs(model)
+    inputs, files = _read_protos(folder, "input", infos, label)
+    outputs, _ = _read_protos(folder, "output", list(model.graph.output), label)
+    named = {info.name: str(file) for info, file in zip(infos, files, strict=False)}
+    source = _Source(str(folder), model_name(label), files=named)
+    return _feeds(model, inputs, source), outputs or None
 
 
-def _read_protos(folder: Path, prefix: str, infos: Sequence[onnx.ValueInfoProto]) -> list[Any]:
+def _read_protos(
+    folder: Path, prefix: str, infos: Sequence[onnx.ValueInfoProto], label: str
+) -> tuple[list[Any], list[Path]]:
     files = sorted(folder.glob(f"{prefix}_*.pb"), key=lambda p: _index(p, prefix))
     if files and len(files) != len(infos):
         raise TorchscanValueError(
-            f"{folder}: has {len(files)} {prefix}_*.pb files, but the model has {len(infos)} "
-            f"{prefix}s"
+            f"{folder}: has {len(files)} {prefix}_*.pb files, but {model_name(label)} has "
+            f"{len(infos)} {prefix}s"
         )
-    return [_read_proto(file, info.type) for file, info in zip(files, infos, strict=False)]
+    values = [
+        _read_proto(file, info.type, f"{prefix} {info.name!r}")
+        for file, info in zip(files, infos, strict=False)
+    ]
+    return values, files
 
 
 def _index(path: Path, prefix: str) -> int:
@@ -239,7 +285,7 @@ def _index(path: Path, prefix: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def _read_proto(file: Path, type_proto: onnx.TypeProto) -> Any:
+def _read_proto(file: Path, type_proto: onnx.TypeProto, what: str) -> Any:
     """One ``.pb`` file, read as the proto its value's type calls for (as ONNX's backend tests
     write them: TensorProto, SequenceProto or OptionalProto)."""
     kind = type_proto.WhichOneof("value")
@@ -249,18 +295,22 @@ def _read_proto(file: Path, type_proto: onnx.TypeProto) -> Any:
         "optional_type": (onnx.OptionalProto, onnx.numpy_helper.to_optional),
     }
     if kind not in readers:
-        raise TorchscanValueError(f"{file}: cannot read a value of type {kind} from it")
+        raise TorchscanValueError(f"{file}: cannot read {what}, of type {kind}, from it")
     proto_type, to_value = readers[kind]
     try:
         return to_value(proto_type.FromString(file.read_bytes()))
     except (DecodeError, ValueError, TypeError) as error:
-        raise TorchscanValueError(f"{file}: is not a {proto_type.__name__} ({error})") from None
+        raise TorchscanValueError(
+            f"{file}: cannot read {what} from it: it is not a {proto_type.__name__} ({error})"
+        ) from None
 
 
 # --- torch tensors ----------------------------------------------------------------------------
 
 
-def _feeds_from_args(model: onnx.ModelProto, args: Sequence[Any]) -> dict[str, Any]:
+def _feeds_from_args(
+    model: onnx.ModelProto, args: Sequence[Any], label: str = "the model"
+) -> dict[str, Any]:
     import torch
 
     from torchscan import _pytree
@@ -273,8 +323,31 @@ def _feeds_from_args(model: onnx.ModelProto, args: Sequence[Any]) -> dict[str, A
             f"({', '.join(names) or 'none'}); give the model's inputs with inputs"
         )
     feeds = {n: _torch_to_numpy(t) for n, t in zip(names, tensors, strict=True)}
-    _check_fit(model, feeds, "the tensors of args")
+    _check_fit(model, feeds, _Source("the tensors of args", model_name(label), plural=True))
     return feeds
+
+
+def _torch_args(feeds: Mapping[str, Any]) -> list[Any]:
+    """The feeds as the positional arguments of a PyTorch module: copies as torch tensors (lists
+    of them for sequences, None for empty optionals), in the model's input order; values torch
+    has no tensors for (strings) stay numpy arrays."""
+    return [_numpy_to_torch(value) for value in feeds.values()]
+
+
+def _numpy_to_torch(value: Any) -> Any:
+    import torch
+
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [_numpy_to_torch(v) for v in value]
+    for torch_type, (_, ml_dtype) in _ml_dtypes_of_torch().items():
+        if value.dtype == np.dtype(ml_dtype):  # through signed integers of its width
+            bits = np.array(value, copy=True).view(f"int{8 * value.dtype.itemsize}")
+            return torch.from_numpy(bits).view(torch_type)
+    if value.dtype.kind not in "biufc":
+        return value
+    return torch.from_numpy(np.array(value, copy=True))
 
 
 @functools.cache

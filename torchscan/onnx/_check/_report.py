@@ -20,8 +20,10 @@ OK = "ok"
 MISMATCH = "mismatch"
 UNSUPPORTED = "unsupported"
 ERROR = "error"
+TIMEOUT = "timeout"
 BASELINE = "baseline"
-_FAILING = (MISMATCH, ERROR)
+_FAILING = (MISMATCH, ERROR, TIMEOUT)
+_RAN = (OK, MISMATCH, BASELINE)
 RANDOM = "random"
 """Why the values of an output are not compared: they depend on a random operator."""
 UNSUPPORTED_TEXT = "not supported by that runtime"
@@ -103,9 +105,10 @@ class Comparison:
       against: the baseline's source; ``source`` itself for the baseline, and empty where no
         source gave outputs.
       status: ``"ok"``, ``"mismatch"`` (an output out of tolerance), ``"unsupported"`` (the
-        runtime does not run this model; not a failure), ``"error"`` (it failed otherwise) or
-        ``"baseline"``.
-      reason: for ``"unsupported"`` and ``"error"``, why, in one line.
+        runtime does not run this model; not a failure), ``"error"`` (it failed otherwise),
+        ``"timeout"`` (it did not end within the time limit, and was stopped) or ``"baseline"``.
+      reason: for ``"unsupported"``, ``"error"`` and ``"timeout"``, why, in one line (as in
+        ``"timed out after 60 s"``).
       outputs: one entry per output compared.
     """
 
@@ -117,7 +120,7 @@ class Comparison:
 
     @property
     def ok(self) -> bool:
-        """False for a mismatch or an error, True otherwise."""
+        """False for a mismatch, an error or a timeout, True otherwise."""
         return self.status not in _FAILING
 
 
@@ -136,6 +139,8 @@ class CheckReport:
       atol: the absolute tolerance of the comparisons.
       rtol: the relative tolerance of the comparisons.
       notes: things worth knowing that are not failures.
+      timeout: the seconds each source could run, or None for no limit.
+      strict: whether fewer than two sources that ran the model is a failure.
     """
 
     model: str
@@ -147,15 +152,29 @@ class CheckReport:
     atol: float
     rtol: float
     notes: tuple[str, ...] = ()
+    timeout: float | None = None
+    strict: bool = False
 
     @property
     def ok(self) -> bool:
-        """True when no rule is broken and no output disagrees or fails to be computed."""
-        return not self.findings and all(c.ok for c in self.comparisons)
+        """True when no rule is broken and no output disagrees or fails to be computed (nor,
+        under ``strict``, fewer than two sources ran the model)."""
+        return (
+            not self.findings
+            and all(c.ok for c in self.comparisons)
+            and not (self.strict and len(self.ran) < 2)
+        )
+
+    @property
+    def ran(self) -> tuple[str, ...]:
+        """The sources that ran the model and gave outputs: the baseline, and the sources held
+        against it."""
+        return tuple(c.source for c in self.comparisons if c.status in _RAN)
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data; infinite errors become ``"inf"``."""
-        data = dataclasses.asdict(self)
+        """The report as JSON-ready data; infinite errors become ``"inf"``. Its ``"status"`` is
+        ``"ok"`` or ``"failed"`` (an error document of the command has ``"error"``)."""
+        data = {"status": "ok" if self.ok else "failed", **dataclasses.asdict(self)}
         data["ok"] = self.ok
         for comparison in data["comparisons"]:
             for output in comparison["outputs"]:
@@ -174,7 +193,9 @@ class CheckReport:
             nodes = _count(len(self.nodes), "Scan/Loop node")
             return f"OK: {nodes} checked, no findings{_agreement(self.comparisons)}"
         parts = [_count(len(self.findings), "finding")] if self.findings else []
-        parts += [f"{c.source} {c.status}" for c in failing]
+        parts += [f"{c.source} {_SUMMARY.get(c.status, c.status)}" for c in failing]
+        if not parts:  # only strict fails it
+            parts = [f"{_too_few(self.comparisons)} (strict)"]
         return "FAILED: " + ", ".join(parts)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -185,7 +206,7 @@ class CheckReport:
         if self.comparisons:
             yield _comparisons_table(self)
         for c in self.comparisons:
-            if c.status in (UNSUPPORTED, ERROR):
+            if c.status in (UNSUPPORTED, ERROR, TIMEOUT):
                 yield Text(f"{c.source}: {_status_text(c.status, c.reason)}")
         for note in self.notes:
             yield Text(f"note: {note}", style="dim")
@@ -215,11 +236,17 @@ def _agreement(comparisons: tuple[Comparison, ...]) -> str:
             f"; {agree} agree across {', '.join(ran)}; values not compared: random "
             f"({', '.join(random)})"
         )
+    return f"; {_too_few(comparisons)}"
+
+
+def _too_few(comparisons: tuple[Comparison, ...]) -> str:
+    """That fewer than two sources ran the model, which did, and why the others did not."""
+    ran = [c.source for c in comparisons if c.status in _RAN]
     others = [c for c in comparisons if c.source not in ran]
     why = "; ".join(f"{c.source}: {_status_text(c.status, '')}" for c in others)
     why = f" ({why})" if why else ""
     return (
-        f"; too few sources ran the model to compare outputs: "
+        f"too few sources ran the model to compare outputs: "
         f"{f'only {ran[0]}' if ran else 'none'} ran{why}"
     )
 
@@ -293,6 +320,12 @@ def _comparisons_table(report: CheckReport) -> Table:
     return out
 
 
+_SUMMARY = {TIMEOUT: "timed out"}
+"""How the last line of the report says a failing status, where not as the status itself."""
+
+
 def _status_text(status: str, reason: str) -> str:
+    if status == TIMEOUT:  # the reason says it whole: "timed out after 60 s"
+        return reason or "timed out"
     label = {UNSUPPORTED: UNSUPPORTED_TEXT}.get(status, status)
     return f"{label}: {reason}" if reason else label

@@ -4,7 +4,9 @@ with a ``Loop``, a ``ReduceLogSumExp`` and a ``GatherElements`` that follow the 
 :class:`_Unsupported`, which is not a failure. onnxruntime runs in this process, except where a
 crash is plausible: on inputs with an empty dimension (onnxruntime 1.32 ends the process with
 SIGFPE on some zero-length scans) and on models the lint found fault with. There it runs in a
-child process, whose death is reported as an error.
+child process, whose death is reported as an error. Under a time limit
+(:mod:`torchscan.onnx._check._limit`), onnxruntime is stopped through ``RunOptions.terminate``,
+and its child process is killed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import onnx
 from torchscan.onnx import _ir
 from torchscan.onnx._check import _lint
 from torchscan.onnx._check._inputs import _as_value
+from torchscan.onnx._check._limit import Limit
 from torchscan.onnx._check._reference_ops import gather_elements, log_sum_exp
 
 RUNTIMES = ("onnxruntime", "reference")
@@ -52,7 +55,9 @@ def _pytorch_outputs(module: Callable[..., Any], args: Sequence[Any]) -> list[An
 # onnx.reference ---------------------------------------------------------------------------------
 
 
-def _run_reference(model: onnx.ModelProto, feeds: dict[str, Any], _isolate: bool) -> list[Any]:
+def _run_reference(
+    model: onnx.ModelProto, feeds: dict[str, Any], _isolate: bool, _limit: Limit | None = None
+) -> list[Any]:
     why = _reference_cannot_run(model)
     if why:
         raise _Unsupported(why)
@@ -143,14 +148,16 @@ _NO_ORT_KERNELS = ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
 """Element types onnxruntime 1.32 has no CPU kernels for."""
 
 
-def _run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, Any], isolate: bool) -> list[Any]:
+def _run_onnxruntime(
+    model: onnx.ModelProto, feeds: dict[str, Any], isolate: bool, limit: Limit | None = None
+) -> list[Any]:
     why = _onnxruntime_cannot_run(model)
     if why:
         raise _Unsupported(why)
     data = model.SerializeToString()
     if isolate:
-        return _in_child_process(data, feeds)
-    return run_onnxruntime(data, feeds)
+        return _in_child_process(data, feeds, limit)
+    return run_onnxruntime(data, feeds, limit)
 
 
 def _onnxruntime_cannot_run(model: onnx.ModelProto) -> str | None:
@@ -193,8 +200,9 @@ def _elem_types_of(type_proto: onnx.TypeProto) -> set[int]:
     return set()
 
 
-def run_onnxruntime(data: bytes, feeds: dict[str, Any]) -> list[Any]:
-    """Run a serialized model in onnxruntime's CPU provider, graph optimizations off.
+def run_onnxruntime(data: bytes, feeds: dict[str, Any], limit: Limit | None = None) -> list[Any]:
+    """Run a serialized model in onnxruntime's CPU provider, graph optimizations off; under a
+    ``limit``, stopped through ``RunOptions.terminate`` when it is to stop.
 
     Tensors of types numpy lacks (bfloat16, float8; numpy arrays of ``ml_dtypes`` types) go in
     and come out through ``OrtValue`` and their bits.
@@ -205,13 +213,17 @@ def run_onnxruntime(data: bytes, feeds: dict[str, Any]) -> list[Any]:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3  # warnings about unused initializers are not findings
     session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4  # a stopped run's error is reported, not logged
+    if limit is not None:
+        limit.on_stop(lambda: setattr(run_options, "terminate", True))
     exotic = any(_is_exotic(v) for v in feeds.values()) or any(
         _exotic_onnx_type(o.type) for o in session.get_outputs()
     )
     if not exotic:
-        return list(session.run(None, feeds))
+        return list(session.run(None, feeds, run_options))
     values = {name: _to_ort_value(ort, value) for name, value in feeds.items()}
-    return [_from_ort_value(v) for v in session.run_with_ort_values(None, values)]
+    return [_from_ort_value(v) for v in session.run_with_ort_values(None, values, run_options)]
 
 
 def _is_exotic(value: Any) -> bool:
@@ -263,8 +275,9 @@ class _ChildError(RuntimeError):
         self.child_type = child_type
 
 
-def _in_child_process(data: bytes, feeds: dict[str, Any]) -> list[Any]:
-    """``run_onnxruntime`` in a child process, so that a crash of onnxruntime ends only it."""
+def _in_child_process(data: bytes, feeds: dict[str, Any], limit: Limit | None) -> list[Any]:
+    """``run_onnxruntime`` in a child process, so that a crash of onnxruntime ends only it; under
+    a ``limit``, the process is killed when it is to stop."""
     import signal
 
     root = str(Path(__file__).resolve().parents[3])
@@ -272,15 +285,22 @@ def _in_child_process(data: bytes, feeds: dict[str, Any]) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="torchscan-check-") as folder:
         with open(os.path.join(folder, "in.pkl"), "wb") as f:
             pickle.dump((data, feeds), f)
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD, folder], capture_output=True, text=True, env=env
-        )
-        if done.returncode < 0:
-            name = signal.Signals(-done.returncode).name
+        with subprocess.Popen(
+            [sys.executable, "-c", _CHILD, folder],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        ) as child:
+            if limit is not None:
+                limit.on_stop(child.kill)
+            _, stderr = child.communicate()
+        if child.returncode < 0:
+            name = signal.Signals(-child.returncode).name
             raise RuntimeError(f"onnxruntime ended its process with {name}")
         out = os.path.join(folder, "out.pkl")
         if not os.path.exists(out):
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            last = (stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"onnxruntime's process failed: {last}")
         with open(out, "rb") as f:
             result = pickle.load(f)
@@ -289,7 +309,7 @@ def _in_child_process(data: bytes, feeds: dict[str, Any]) -> list[Any]:
     raise _ChildError(result[1], result[2])
 
 
-_RUNNERS: dict[str, Callable[[onnx.ModelProto, dict[str, Any], bool], list[Any]]] = {
+_RUNNERS: dict[str, Callable[[onnx.ModelProto, dict[str, Any], bool, Limit | None], list[Any]]] = {
     "onnxruntime": _run_onnxruntime,
     "reference": _run_reference,
 }

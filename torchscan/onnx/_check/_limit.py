@@ -1,0 +1,131 @@
+"""Running one source of outputs (a runtime, or eager PyTorch) within a time limit, and stopping it
+at once on Ctrl-C, so that ``torchscan check`` always ends.
+
+The source runs in a thread of its own while the calling thread waits: a wait on a thread is
+interrupted by Ctrl-C, where onnxruntime's C++ run, in the calling thread, would not return to
+Python before the model ends. A source past its time, or interrupted, is stopped in the way it
+registered with :meth:`Limit.on_stop` (onnxruntime: ``RunOptions.terminate``, which its executor
+reads between nodes, the bodies of ``Loop`` and ``Scan`` included; a child process: killing it),
+and by an exception raised in its thread, which stops Python code (onnx's reference evaluator,
+eager PyTorch) at its next line. A thread costs about a tenth of a millisecond to start, no
+process is started, and a source that ends in time is not slowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+GRACE = 2.0
+"""Seconds a stopped source is given to end before the next one starts; one that does not (a
+single long operation in C) is left to end on its own, and does not hold up the check."""
+
+
+class TimedOut(Exception):
+    """A source that did not end within its time limit, and was stopped."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"timed out after {seconds_text(seconds)}")
+        self.seconds = seconds
+
+
+class _Stopped(BaseException):
+    """Raised in a source's thread to stop it; not an ``Exception``, so that no ``except
+    Exception`` of the code it stops catches it."""
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration as the report says it: ``"5 s"``, ``"0.5 s"``."""
+    return f"{seconds:g} s"
+
+
+class Limit:
+    """What a source running under a time limit is given: the limit, and a place to say how to
+    stop it (:meth:`on_stop`)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._stops: list[Callable[[], object]] = []
+        self._stopped = False
+        self._running = True
+
+    def on_stop(self, stop: Callable[[], object]) -> None:
+        """Call ``stop`` (from another thread) when the source is to stop; at once if it is."""
+        with self._lock:
+            self._stops.append(stop)
+            stopped = self._stopped
+        if stopped:
+            _quietly(stop)
+
+    def _stop(self, thread: threading.Thread) -> None:
+        with self._lock:
+            self._stopped = True
+            stops, running = list(self._stops), self._running
+            if running and thread.ident is not None:  # under the lock: the thread is in run
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(thread.ident), ctypes.py_object(_Stopped)
+                )
+        for stop in stops:
+            _quietly(stop)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._running = False
+
+
+def within(seconds: float | None, run: Callable[[Limit | None], T]) -> T:
+    """``run(limit)``, stopped after ``seconds``; ``run(None)`` in this thread where ``seconds``
+    is None.
+
+    Raises:
+      TimedOut: ``run`` did not end in time.
+      KeyboardInterrupt: Ctrl-C while it ran; it is stopped first.
+      Exception: what ``run`` raised.
+    """
+    if seconds is None:
+        return run(None)
+    limit = Limit(seconds)
+    outcome: list[tuple[bool, object]] = []
+
+    def work() -> None:
+        try:
+            try:
+                outcome.append((True, run(limit)))
+            except BaseException as error:  # re-raised in the waiting thread
+                outcome.append((False, error))
+            finally:
+                limit._leave()
+            _checkpoint()  # a stop sent just before _leave is raised here, not in threading
+        except _Stopped:
+            pass
+
+    thread = threading.Thread(target=work, name="torchscan check", daemon=True)
+    thread.start()
+    try:
+        thread.join(min(seconds, threading.TIMEOUT_MAX))
+    except BaseException:  # Ctrl-C: stop the source, and let the interrupt go on
+        limit._stop(thread)
+        raise
+    if thread.is_alive() or not outcome:
+        limit._stop(thread)
+        thread.join(GRACE)
+        raise TimedOut(seconds)
+    done, value = outcome[0]
+    if not done:
+        raise value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
+
+
+def _checkpoint() -> None:
+    """Nothing; calling it lets a pending asynchronous exception be raised."""
+
+
+def _quietly(stop: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):  # a source that has ended cannot be stopped: no matter
+        stop()
