@@ -123,7 +123,7 @@ def test_an_error_of_a_source_under_a_time_limit_is_raised_as_is() -> None:
         _limit.within(60, run)
 
 
-@pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan"), "5"])
+@pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan"), "5", True])
 def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout: object) -> None:
     with pytest.raises(ValueError, match=r"^timeout must be") as raised:
         torchscan.onnx.check(spinning_loop(), timeout=timeout)

@@ -205,7 +205,10 @@ def _check_options(
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise TorchscanValueError(f"{name} must be a finite number at least 0, not {value!r}")
     if timeout is not None and not (
-        isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
+        isinstance(timeout, (int, float))
+        and not isinstance(timeout, bool)
+        and math.isfinite(timeout)
+        and timeout > 0
     ):
         raise TorchscanValueError(
             f"timeout must be a finite number of seconds greater than 0, or None, not {timeout!r}"
