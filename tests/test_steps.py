@@ -106,6 +106,8 @@ def test_scan_refuses_a_change_in_place_at_a_later_step_naming_it() -> None:
 
 
 def test_scan_refuses_a_change_of_a_slice_at_a_later_step_naming_the_sequence() -> None:
+    """xs is watched once, when the scan ends: every x is a view of it."""
+
     def late(c, x):
         if bool(c["h"].sum() > 20):
             x["b"].add_(1)
@@ -114,7 +116,7 @@ def test_scan_refuses_a_change_of_a_slice_at_a_later_step_naming_the_sequence() 
     xs = {"a": torch.ones(5, 4), "b": torch.ones(5, 4)}
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.scan(late, {"h": torch.zeros(4)}, xs)
-    assert str(info.value) == refusal("torchscan.scan", "fn", "a slice of xs['b']", "step 3")
+    assert str(info.value) == refusal("torchscan.scan", "fn", "a slice of xs['b']", "a later step")
 
 
 def test_a_buffer_cloned_in_the_step_may_be_written_in_place() -> None:

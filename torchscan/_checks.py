@@ -218,14 +218,14 @@ class CarryType:
             for leaf in self.leaves
         ]
 
-    def holds(self, carry: Any) -> bool:
-        """Whether ``carry`` has the structure, shapes and dtypes of ``init`` (devices, which
-        only a step that moves tensors can change, are left to :meth:`check`)."""
-        if self.single:
-            shape, dtype = self.shapes[0]  # type: ignore[misc]
-            return isinstance(carry, torch.Tensor) and carry.shape == shape and carry.dtype == dtype
+    def tensor_leaves(self, carry: Any) -> list[torch.Tensor] | None:
+        """The tensors of ``carry`` if it has the structure, shapes and dtypes of ``init``, else
+        ``None`` (devices, which only a step that moves tensors can change, are left to
+        :meth:`check`)."""
         leaves, spec = _pytree.tree_flatten(carry)
-        return spec == self.spec and all(map(_same_shape, self.shapes, leaves))
+        if spec == self.spec and all(map(_same_shape, self.shapes, leaves)):
+            return [leaf for leaf in leaves if leaf is not None]
+        return None
 
     def check(self, carry: Any, where: str) -> None:
         """Refuse ``carry`` unless it has the type of ``init``; ``where`` says when ``fn``

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from torchscan._errors import TorchscanValueError
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 """Findings, outputs that disagree, a runtime that failed on the model or did not end within the
@@ -234,30 +236,32 @@ def _baseline(spec: str) -> Any:
 
     name, sep, attribute = spec.partition(":")
     if not (sep and name and attribute):
-        raise ValueError(f"--module {spec}: expected PACKAGE.MODULE:FACTORY")
+        raise TorchscanValueError(f"--module {spec}: expected PACKAGE.MODULE:FACTORY")
     where = f"--module {spec}"
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         found: Any = importlib.import_module(name)
     except Exception as error:  # any error of the user's module, ImportError or other
-        raise ValueError(
+        raise TorchscanValueError(
             f"{where}: cannot import {name} ({type(error).__name__}: {error})"
         ) from None
     for part in attribute.split("."):
         if not hasattr(found, part):
-            raise ValueError(f"{where}: {name} has no attribute {attribute!r}")
+            raise TorchscanValueError(f"{where}: {name} has no attribute {attribute!r}")
         found = getattr(found, part)
     if not callable(found):
-        raise ValueError(
+        raise TorchscanValueError(
             f"{where}: {name}.{attribute} is {_a(type(found).__name__)}, not a factory to call"
         )
     try:
         baseline = found()
     except Exception as error:
-        raise ValueError(f"{where}: {attribute}() raised {type(error).__name__}: {error}") from None
+        raise TorchscanValueError(
+            f"{where}: {attribute}() raised {type(error).__name__}: {error}"
+        ) from None
     if not callable(baseline):
-        raise ValueError(
+        raise TorchscanValueError(
             f"{where}: {attribute}() returned {_a(type(baseline).__name__)}, not an nn.Module "
             f"or a callable"
         )

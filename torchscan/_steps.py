@@ -100,7 +100,7 @@ class Protocol:
         before = _versions(carry, first) if watching else ()
         out = call(carry, first)
         if watching and _versions(carry, first) != before:
-            self._refuse_changes(carry_type, carry, first, None, 0, before)
+            self._refuse_first_changes(carry_type, carry, first, before)
         has_until = self.has_until(out)
         if refuse_without_until and not has_until:
             raise TorchscanValueError(refuse_without_until)
@@ -111,10 +111,18 @@ class Protocol:
         if has_until and self.check_stop(out[2].stop, 0):
             return carry, ys
         append = ys.append
-        versions = _Watch(carry_type, sources, watching).versions
+        # Later steps: the carry's versions and type at every step, in a loop specialised for
+        # the common single-tensor carry; the versions of xs once at the end (every x is a view
+        # of them), and never the counter i of a loop (a fresh tensor at every iteration).
+        sources_before = sources.versions() if watching and sources is not None else ()
+        single = carry_type.single
+        shape, dtype = carry_type.shapes[0] if single else (None, None)  # type: ignore[misc]
+        leaves = None if single else carry_type.tensor_leaves(carry)
+        before: Any = None
         stop: Any = None
         for index, item in enumerate(items, 1):
-            before = versions(carry, item)
+            if watching:
+                before = _version(carry) if single else [_version(leaf) for leaf in leaves]
             out = call(carry, item)
             if has_until:
                 try:
@@ -129,30 +137,37 @@ class Protocol:
                 except (TypeError, ValueError):
                     self.has_until(out, expected=False)
                     raise
-            if versions(carry, item) != before:
-                self._refuse_changes(carry_type, carry, item, sources, index, before)
-            if not carry_type.holds(new):
-                carry_type.check(new, f" in {self.step_name} {index}")
+            if watching and before != (
+                _version(carry) if single else [_version(leaf) for leaf in leaves]
+            ):
+                named = self._named_carry(carry_type, carry)
+                versions = (before,) if single else before
+                where = f"{self.step_name} {index}"
+                refuse_changes_in_place(self.api, self.fn_name, named, versions, where, "")
+            if single:
+                if not (
+                    isinstance(new, torch.Tensor) and new.shape == shape and new.dtype is dtype
+                ):
+                    carry_type.check(new, f" in {self.step_name} {index}")
+            else:
+                leaves = carry_type.tensor_leaves(new)
+                if leaves is None:
+                    carry_type.check(new, f" in {self.step_name} {index}")
             carry = new
             append(y)
             if has_until and self.check_stop(stop, index):
                 break
+        if watching and sources is not None and sources.versions() != sources_before:
+            named = [(f"a slice of {name}", leaf) for name, leaf in sources.named()]
+            where = f"a later {self.step_name}"
+            refuse_changes_in_place(
+                self.api, self.fn_name, named, sources_before, where, "", skip_none=True
+            )
         carry_type.check(carry, f" in a later {self.step_name}")
         return carry, ys
 
-    def _refuse_changes(
-        self,
-        carry_type: _checks.CarryType,
-        carry: Any,
-        item: Any,
-        sources: Sources | None,
-        index: int,
-        before: tuple[int, ...],
-    ) -> None:
-        """Raise if the step that ran on ``carry`` and ``item`` changed one of them in place:
-        their versions were ``before`` (carry leaves, then ``sources`` or the item's leaves;
-        the first step's item, a copy, stands for itself)."""
-        named = [
+    def _named_carry(self, carry_type: _checks.CarryType, carry: Any) -> list[tuple[str, Any]]:
+        return [
             (name, leaf)
             for name, leaf in zip(
                 _pytree.leaf_names(carry_type.init, "carry"),
@@ -161,16 +176,17 @@ class Protocol:
             )
             if leaf is not None
         ]
-        if sources is None or index == 0:
-            named += _pytree.named_tensors(item, self.item_name)
-        else:
-            named += [
-                (f"a slice of {name}", leaf)
-                for name, leaf in sources.named()
-                if isinstance(leaf, torch.Tensor) and not leaf.is_inference()
-            ]
-        where = f"its first {self.step_name}" if index == 0 else f"{self.step_name} {index}"
-        copies = f"that {self.step_name} ran on copies" if index == 0 else ""
+
+    def _refuse_first_changes(
+        self, carry_type: _checks.CarryType, carry: Any, item: Any, before: tuple[int, ...]
+    ) -> None:
+        """Raise if the first step changed its carry or its item (copies, whose versions were
+        ``before``) in place."""
+        named = [
+            *self._named_carry(carry_type, carry),
+            *_pytree.named_tensors(item, self.item_name),
+        ]
+        where, copies = f"its first {self.step_name}", f"that {self.step_name} ran on copies"
         refuse_changes_in_place(self.api, self.fn_name, named, before, where, copies)
 
     def refuse_traced_changes(self, arguments: Sequence[tuple[str, Any]]) -> Callable[[], None]:
@@ -202,10 +218,15 @@ def refuse_changes_in_place(
     before: Sequence[int],
     where: str,
     copies: str,
+    *,
+    skip_none: bool = False,
 ) -> None:
     """Raise if one of the ``named`` tensors that ``fn_name`` received has another version than
     ``before``: the function changed it in place. ``where`` names the step (``step 3``), and
-    ``copies`` says when that step ran on copies of the caller's tensors."""
+    ``copies`` says when that step ran on copies of the caller's tensors. With ``skip_none``,
+    ``None`` among ``named`` has no entry in ``before``."""
+    if skip_none:
+        named = [(name, leaf) for name, leaf in named if leaf is not None]
     changed = [
         name
         for (name, leaf), version in zip(named, before, strict=True)
@@ -229,6 +250,9 @@ class Sources:
 
     leaves: Sequence[torch.Tensor | None]
     spec: _pytree.TreeSpec
+
+    def versions(self) -> list[int]:
+        return [_version(leaf) for leaf in self.leaves if leaf is not None]
 
     def named(self) -> list[tuple[str, torch.Tensor | None]]:
         tree = _pytree.tree_unflatten(list(self.leaves), self.spec)
@@ -271,55 +295,17 @@ def _extent(t: torch.Tensor) -> int | None:
     return extent
 
 
-class _Watch:
-    """The version counters of what each step receives: a step that changes a tensor in place
-    bumps its counter. :attr:`versions` reads them for one step's ``(carry, item)``, in the
-    order :meth:`Protocol._refuse_changes` names them."""
-
-    def __init__(
-        self, carry_type: _checks.CarryType, sources: Sources | None, watching: bool
-    ) -> None:
-        self.versions: Callable[[Any, Any], tuple[int, ...]]
-        if not watching:
-            self.versions = lambda carry, item: ()
-            return
-        watched = (
-            None
-            if sources is None
-            else [
-                leaf
-                for leaf in sources.leaves
-                if isinstance(leaf, torch.Tensor) and not leaf.is_inference()
-            ]
-        )
-        if carry_type.single and watched is None:
-            self.versions = lambda carry, item: (carry._version, item._version)
-        elif carry_type.single and len(watched) == 1:
-            (source,) = watched
-            self.versions = lambda carry, item: (carry._version, source._version)
-        else:
-            self.watched = watched
-            self.versions = self._all
-
-    def _all(self, carry: Any, item: Any) -> tuple[int, ...]:
-        leaves = [leaf for leaf in _pytree.tree_leaves(carry) if leaf is not None]
-        if self.watched is None:
-            leaves += [leaf for leaf in _pytree.tree_leaves(item) if leaf is not None]
-        else:
-            leaves += self.watched
-        try:
-            return tuple(leaf._version for leaf in leaves)
-        except RuntimeError:  # a step returned an inference tensor: it has no version
-            return tuple(map(_version, leaves))
-
-
 def _versions(carry: Any, item: Any) -> tuple[int, ...]:
     leaves = [*_pytree.tree_leaves(carry), *_pytree.tree_leaves(item)]
     return tuple(_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor))
 
 
 def _version(leaf: torch.Tensor) -> int:
-    return -1 if leaf.is_inference() else leaf._version
+    """The version counter of ``leaf``; -1 for an inference tensor, which has none."""
+    try:
+        return leaf._version
+    except RuntimeError:
+        return -1
 
 
 def _describe_result(out: Any) -> str:
