@@ -68,6 +68,7 @@ def _empty(call, axis: int) -> Any:
         shape = list(leaf.shape)
         shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, 0)
         return torch.empty(shape, dtype=leaf.dtype)
+
     return _map(empty, y)
 
 
@@ -82,10 +83,18 @@ def scan(fn, init, xs=None, *, length=None, axis=0, reverse=False) -> tuple[Any,
         if len(out) == 3 and bool(out[2].stop):
             break
     if not ys:
+
         def fake_step():
-            x = _map(lambda leaf: leaf.select(axis, 0) if leaf.shape[axis] else
-                     torch.empty(_without(leaf.shape, axis), dtype=leaf.dtype), xs)
+            x = _map(
+                lambda leaf: (
+                    leaf.select(axis, 0)
+                    if leaf.shape[axis]
+                    else torch.empty(_without(leaf.shape, axis), dtype=leaf.dtype)
+                ),
+                xs,
+            )
             return fn(init, x)
+
         return init, _empty(fake_step, axis)
     return carry, _stack([ys[t] for t in sorted(ys)], axis)
 

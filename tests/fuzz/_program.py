@@ -51,7 +51,9 @@ class Input:
     def make(self, length: int, gen: torch.Generator) -> torch.Tensor:
         shape = list(self.shape)
         if self.time_axis is not None:
-            shape.insert(self.time_axis if self.time_axis >= 0 else len(shape) + 1 + self.time_axis, length)
+            shape.insert(
+                self.time_axis if self.time_axis >= 0 else len(shape) + 1 + self.time_axis, length
+            )
         if self.role == "count":
             return torch.tensor(length, dtype=torch.int64)
         if self.dtype in FLOATS:
@@ -91,7 +93,10 @@ class Call:
     def definition(self) -> list[str]:
         lines = [line for stmt in self.body for line in stmt.lines()]
         inner = [*self.unpack, *lines, f"return {self.returns}"]
-        return [f"def {self.fn}({self.params}):", *textwrap.indent("\n".join(inner), "    ").splitlines()]
+        return [
+            f"def {self.fn}({self.params}):",
+            *textwrap.indent("\n".join(inner), "    ").splitlines(),
+        ]
 
 
 @dataclasses.dataclass
@@ -141,7 +146,7 @@ class Program:
     def module(self, namespace: dict[str, Any]) -> torch.nn.Module:
         """The program compiled against ``namespace``'s ``scan``, ``loop`` and ``until``."""
         scope = {"torch": torch, "F": torch.nn.functional, **namespace}
-        exec(compile(self.source(), "<fuzzed program>", "exec"), scope)  # noqa: S102
+        exec(compile(self.source(), "<fuzzed program>", "exec"), scope)
         return scope["Program"]().eval()
 
     def inputs_at(self, length: int) -> tuple[torch.Tensor, ...]:
@@ -152,9 +157,7 @@ class Program:
         if not any(i.time_axis is not None for i in self.inputs):
             return None
         t = torch.export.Dim("T", min=0)
-        return tuple(
-            None if i.time_axis is None else {self._axis(i): t} for i in self.inputs
-        )
+        return tuple(None if i.time_axis is None else {self._axis(i): t} for i in self.inputs)
 
     @staticmethod
     def _axis(i: Input) -> int:

@@ -27,7 +27,11 @@ def _dtype(draw) -> str:
 
 def _tree(draw, names: list[str]) -> tuple[str, str]:
     """A pytree of ``names``: (the expression that builds it, the pattern that unpacks it)."""
-    kind = draw(st.sampled_from(["leaf", "tuple", "dict"])) if len(names) == 1 else draw(st.sampled_from(["tuple", "dict"]))
+    kind = (
+        draw(st.sampled_from(["leaf", "tuple", "dict"]))
+        if len(names) == 1
+        else draw(st.sampled_from(["tuple", "dict"]))
+    )
     if kind == "leaf":
         return names[0], names[0]
     if kind == "tuple":
@@ -40,7 +44,7 @@ def _tree(draw, names: list[str]) -> tuple[str, str]:
 
 def _unpack(pattern: str, arg: str, names: list[str]) -> list[str]:
     if pattern == "dict":
-        return [f"{n} = {arg}[\"k{k}\"]" for k, n in enumerate(names)]
+        return [f'{n} = {arg}["k{k}"]' for k, n in enumerate(names)]
     return [] if pattern == arg else [f"{pattern} = {arg}"]
 
 
@@ -54,9 +58,9 @@ def _fit(draw, scope: Scope, old: Val) -> str:
     value = v.name
     if v.dtype != old.dtype:
         if old.dtype == "bool":
-            value = f"({value} > {'0' if v.dtype == 'int64' else '0.1'})"
+            value = f"({value} > {'0' if v.dtype == 'int64' else '0.3'})"
         elif old.dtype == "int64" and v.dtype in FLOATS:
-            value = f"torch.floor({value} * 2).to(torch.int64)"
+            value = f"torch.floor({value} * 2 + 0.3).to(torch.int64)"
         else:
             value = f"{value}.to(torch.{old.dtype})"
     if old.dtype in FLOATS:
@@ -72,7 +76,7 @@ def _stop(draw, scope: Scope) -> str:
     if v.dtype == "bool":
         data = f"{v.name}.all()" if v.shape else v.name
     else:
-        threshold = draw(st.sampled_from(["0", "1", "-1"]))
+        threshold = draw(st.sampled_from(["0.3", "1.3", "-0.7"]))
         data = f"({v.name}.sum() > {threshold})" if v.shape else f"({v.name} > {threshold})"
     if scope.index is not None and draw(st.booleans()):
         return f"{data} | ({scope.index} >= {draw(st.integers(0, 3))})"
@@ -102,7 +106,9 @@ def _body(draw, scope: Scope, carries: list[Val], y_rank: int) -> tuple[list, st
         scope.pool.append(Val(name, c.dtype, c.shape))
         new.append(name)
     outputs = [v for v in scope.pool if len(v.shape) >= y_rank]
-    ys = draw(st.lists(st.sampled_from([None, *outputs]), min_size=0, max_size=3)) if outputs else []
+    ys = (
+        draw(st.lists(st.sampled_from([None, *outputs]), min_size=0, max_size=3)) if outputs else []
+    )
     if not carries and scope.depth == 1 and all(v is None for v in ys) and outputs:
         ys = [*ys, outputs[-1]]  # a model with no output is no model: return something
     if not ys:
@@ -113,9 +119,19 @@ def _body(draw, scope: Scope, carries: list[Val], y_rank: int) -> tuple[list, st
     return stmts, new, y
 
 
-def _call(draw, scope: Scope, kind: str, inits: list[str], carries: list[Val],
-          xs: list[tuple[str, Val]], call_args: str, counter: str | None,
-          until: bool, y_rank: int, prologue: tuple[list[str], list[Val]] = ([], [])) -> tuple[Call, str]:
+def _call(
+    draw,
+    scope: Scope,
+    kind: str,
+    inits: list[str],
+    carries: list[Val],
+    xs: list[tuple[str, Val]],
+    call_args: str,
+    counter: str | None,
+    until: bool,
+    y_rank: int,
+    prologue: tuple[list[str], list[Val]] = ([], []),
+) -> tuple[Call, str]:
     """A step function and the call that runs it; also the carry's pattern (``dict``, a tuple's
     names, a leaf's name, or ``none``)."""
     fn = scope.fresh("step")
@@ -284,7 +300,9 @@ def programs(draw) -> Program:
         if mode == "none":
             # Without a trip count the stop must come: cap the counter.
             stop = call.returns.rsplit(", until(", 1)[1][:-1]
-            call.returns = call.returns.rsplit(", until(", 1)[0] + f", until({stop} | ({counter} >= 3))"
+            call.returns = (
+                call.returns.rsplit(", until(", 1)[0] + f", until({stop} | ({counter} >= 3))"
+            )
     seed = draw(st.integers(0, 2**16))
     lengths = (3, *draw(st.permutations([0, 1, 5])))
     return Program(inputs, call, seed, lengths)

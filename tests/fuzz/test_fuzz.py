@@ -2,7 +2,7 @@
 exported to ONNX and run by onnxruntime and onnx's reference evaluator.
 
 ``python -m pytest tests/fuzz`` runs a fixed, derandomized slice (as CI does);
-``python -m pytest tests/fuzz --fuzz 1000`` runs 1000 programs of each test with random seeds.
+``python -m pytest tests/fuzz --fuzz 1000`` runs 1000 programs per test from random seeds.
 See docs/fuzzing.md.
 """
 
@@ -11,15 +11,24 @@ from __future__ import annotations
 import hypothesis
 import hypothesis.strategies as st
 
-from ._check import check, check_eager
+from ._check import RUNS, check, check_eager
 from ._strategies import programs
 
 
-@hypothesis.given(program=programs())
-def test_eager_matches_the_python_loop(program) -> None:
-    check_eager(program)
+def test_eager_matches_the_python_loop(fuzz_settings) -> None:
+    @fuzz_settings("eager")
+    @hypothesis.given(program=programs())
+    def run(program) -> None:
+        RUNS["eager only"] += 1
+        check_eager(program)
+
+    run()
 
 
-@hypothesis.given(program=programs(), opset=st.integers(8, 25))
-def test_export_matches_eager(program, opset) -> None:
-    check(program, opset)
+def test_export_matches_eager(fuzz_settings) -> None:
+    @fuzz_settings("export")
+    @hypothesis.given(program=programs(), opset=st.integers(8, 25))
+    def run(program, opset) -> None:
+        check(program, opset)
+
+    run()

@@ -11,12 +11,19 @@ from .._export import onnx_export
 from ..onnx._runtimes import run_onnxruntime
 
 
-def _export_and_run(module: torch.nn.Module, export_args: tuple, run_args: list[tuple], dynamic, opset: int = 18) -> None:
-    """Export ``module`` with a dynamic length; onnxruntime gives eager's outputs on each of ``run_args``."""
-    model = onnx_export(module, export_args, dynamo=True, opset_version=opset, dynamic_shapes=dynamic).model_proto
+def _export_and_run(
+    module: torch.nn.Module, export_args: tuple, run_args: list[tuple], dynamic, opset: int = 18
+) -> None:
+    """Export ``module`` with a dynamic length; onnxruntime gives eager's outputs on every
+    ``run_args``."""
+    model = onnx_export(
+        module, export_args, dynamo=True, opset_version=opset, dynamic_shapes=dynamic
+    ).model_proto
     for args in run_args:
         with torch.no_grad():
-            expected = [t.numpy() for t in torch.utils._pytree.tree_leaves(module(*args)) if t is not None]
+            expected = [
+                t.numpy() for t in torch.utils._pytree.tree_leaves(module(*args)) if t is not None
+            ]
         names = {i.name for i in model.graph.input}
         feeds = [a for a, i in zip(args, ("w", "xs"), strict=True) if i in names]
         actual = run_onnxruntime(model, feeds)
