@@ -163,6 +163,18 @@ def _nodes(graph: onnx.GraphProto):
                 yield from _nodes(g)
 
 
+def assert_declared_shapes(model: onnx.ModelProto, actual: list[np.ndarray], what: str) -> None:
+    """Every fixed size the model declares for an output is the size it gives."""
+    for output, value in zip(model.graph.output, actual, strict=True):
+        if not output.type.tensor_type.HasField("shape"):
+            continue
+        dims = output.type.tensor_type.shape.dim
+        declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        message = f"{what}: output {output.name} declared {declared}, has shape {value.shape}"
+        assert len(declared) == value.ndim, message
+        assert all(d is None or d == n for d, n in zip(declared, value.shape, strict=True)), message
+
+
 def check_runtimes(program: Program, model: onnx.ModelProto, opset: int) -> None:
     """onnxruntime, and the reference evaluator where it can, against eager at every length."""
     eager = program.module(TORCHSCAN)
@@ -175,6 +187,7 @@ def check_runtimes(program: Program, model: onnx.ModelProto, opset: int) -> None
         feeds = [t for i, t in zip(program.inputs, inputs, strict=True) if i.name in used]
         f32 = "float32" in program.source() or any(i.dtype == "float32" for i in program.inputs)
         ort = run_onnxruntime(model, feeds)
+        assert_declared_shapes(model, ort, f"onnxruntime at length {length}")
         assert_close(ort, expected, f"onnxruntime at length {length}", f32)
         if skip is not None:
             SKIPS[skip] += 1

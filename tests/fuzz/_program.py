@@ -143,6 +143,10 @@ class Program:
         )
         return f"# inputs: {shapes}; lengths {self.lengths}, seed {self.seed}\n{self.source()}\n"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # hypothesis prints a failing example with this: the source, not the dataclass fields.
+        printer.text(repr(self))
+
     def module(self, namespace: dict[str, Any]) -> torch.nn.Module:
         """The program compiled against ``namespace``'s ``scan``, ``loop`` and ``until``."""
         scope = {"torch": torch, "F": torch.nn.functional, **namespace}

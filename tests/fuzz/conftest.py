@@ -11,7 +11,7 @@ import pytest
 
 from ._check import REFUSALS, RUNS, SKIPS
 
-DEFAULT_EXAMPLES = {"eager": 200, "export": 70}
+DEFAULT_EXAMPLES = {"eager": 150, "export": 50}
 """Programs per test in the default slice: about three minutes on one core, export dominating."""
 
 

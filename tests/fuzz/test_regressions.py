@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import torchscan
@@ -51,3 +52,28 @@ def test_scan_with_until_and_no_outputs_exports() -> None:
     gen = torch.Generator().manual_seed(0)
     runs = [(torch.randn(3, generator=gen), torch.randn(t, 3, generator=gen)) for t in (4, 0, 1, 6)]
     _export_and_run(module, runs[0], runs, (None, {0: dim}))
+
+
+class _ClampFloat64(torch.nn.Module):
+    """A loop whose body clamps float64 values read with the counter."""
+
+    def forward(self, w, xs):
+        def body(i, c):
+            return (c + xs[i]).clamp(-1.5, 1.5), (xs[i] @ w).clamp(-4, 4)
+
+        return torchscan.loop(body, torch.zeros_like(w), trip_count=xs.shape[0])
+
+
+@pytest.mark.parametrize("opset", [8, 9, 11])
+def test_float64_clamp_below_opset_12_runs_in_onnxruntime(opset) -> None:
+    # The conversion kept a double Clip-6 or Clip-11, which the ONNX schema allows but
+    # onnxruntime implements for float only: the session failed with NOT_IMPLEMENTED.
+    module = _ClampFloat64().eval()
+    dim = torch.export.Dim("T", min=0)
+    gen = torch.Generator().manual_seed(0)
+    runs = [
+        (torch.randn(3, dtype=torch.float64, generator=gen),
+         torch.randn(t, 3, dtype=torch.float64, generator=gen))
+        for t in (4, 0, 1, 6)
+    ]  # fmt: skip
+    _export_and_run(module, runs[0], runs, (None, {0: dim}), opset)
