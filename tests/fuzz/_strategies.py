@@ -9,6 +9,8 @@ among them), and possibly ``until(stop)``.
 
 from __future__ import annotations
 
+import re
+
 import hypothesis.strategies as st
 
 from . import _ops
@@ -17,7 +19,6 @@ from ._program import FLOATS, Call, Input, Nested, Program, Stmt, Val
 
 STEP_SHAPES = [(), (3,), (2, 3)]
 CAPTURED_SHAPES = [(3,), (2, 3), (3, 3)]
-DTYPES = ["float32", "float64", "int64", "bool"]
 
 
 def _dtype(draw) -> str:
@@ -173,8 +174,6 @@ def _call(
 
 def _rebuild(build: str, names: list[str], exprs: list[str]) -> str:
     """``build`` with each of ``names`` (whole words) replaced by the matching expression."""
-    import re
-
     table = dict(zip(names, exprs, strict=True))
     return re.sub(r"\b[a-z]+\d+\b", lambda m: table.get(m.group(0), m.group(0)), build)
 
