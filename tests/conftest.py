@@ -12,6 +12,17 @@ hypothesis.settings.register_profile(
 )
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N random programs per test of tests/fuzz, from random seeds (docs/fuzzing.md)",
+    )
+
+
 DEVICES = ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

@@ -78,7 +78,9 @@ def _loop_fake(body, trip_count, cond, carries, captured, has_until):
     with as_traced_body():
         out = body(i, *carries, *captured)
     ys = out[len(carries) : len(carries) + _n_ys(out, len(carries), has_until)]
-    length = _loop_length(trip_count, cond, has_until)
+    # No size is made for a loop without outputs: torch.export refuses an unbacked size that no
+    # output of the model holds.
+    length = _loop_length(trip_count, cond, has_until) if ys else None
     return (
         *[c.new_empty(c.shape) for c in carries],
         *[stacked_like(y, length, 0) for y in ys],
@@ -127,7 +129,7 @@ def _loop_trace(mode, body, trip_count, cond, carries, captured, has_until):
     # From the traced body, not by running it again: a scan or loop nested in it would be traced
     # anew outside the tracer that knows the sizes it reads.
     with disable_proxy_modes_tracing():
-        length = _loop_length(trip_count, cond, has_until)
+        length = _loop_length(trip_count, cond, has_until) if ys else None
         example = (
             *[c.new_empty(c.shape) for c in carries],
             *[stacked_like(y, length, 0) for y in ys],

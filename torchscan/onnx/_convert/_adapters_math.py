@@ -139,9 +139,11 @@ def _min_max_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
 def _clip_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     """Clip-12 takes integer types, which Clip-11 lacks (``x.long().clamp(0, 9)``). For integers
     it is ``Min(Max(x, min), max)``, which gives ``max`` where ``min > max`` as Clip does, each
-    computed by comparing and selecting (``_min_max_12``); floats keep the node."""
+    computed by comparing and selecting (``_min_max_12``). float keeps the node; double and
+    float16, which Clip-11 and Clip-6 allow but onnxruntime implements for float only, are
+    clipped by comparing and selecting too (a NaN compares false and stays NaN, as in Clip)."""
     elem = ctx.elem_type(node.inputs[0])
-    if elem is None or elem in FLOATS:
+    if elem is None or elem == ir.DataType.FLOAT:
         return [node]
     inputs = [*node.inputs, None, None]
     made: list[ir.Node] = []

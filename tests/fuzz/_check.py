@@ -1,0 +1,213 @@
+"""Run a fuzzed program four ways and compare: torchscan eagerly, the oracle, and the exported
+model in onnxruntime and in onnx's reference evaluator.
+
+A refusal by torchscan (a :class:`torchscan.TorchscanError`) ends the check and is counted by
+kind in :data:`REFUSALS`; any other exception from torchscan or torch.onnx, and every mismatch,
+fails the test.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import warnings
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+import torch.utils._pytree as pytree
+
+import torchscan
+from torchscan.onnx import scan_version
+
+from .._export import onnx_export
+from ..onnx._runtimes import run_onnxruntime, run_reference
+from . import _oracle
+from ._program import Program
+
+REFUSALS: collections.Counter[str] = collections.Counter()
+"""Refusals seen in this session, by stage, class and the start of the message."""
+SKIPS: collections.Counter[str] = collections.Counter()
+"""Runs of onnx's reference evaluator left out, by reason."""
+RUNS: collections.Counter[str] = collections.Counter()
+"""Programs checked, by how far they went."""
+
+TORCHSCAN = {"scan": torchscan.scan, "loop": torchscan.loop, "until": torchscan.until}
+
+
+def kind_of(error: BaseException) -> str:
+    """``Class: first words of the message``, with names and numbers taken out."""
+    text = str(error).split("\n")[0]
+    text = re.sub(r"torchscan\.(scan|loop): ", "", text)
+    text = re.sub(r"'[^']*'|\"[^\"]*\"|\([^)]*\)|\b\d+\b", "_", text)
+    return f"{type(error).__name__}: {' '.join(text.split()[:9])}"
+
+
+def leaves(tree: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in pytree.tree_leaves(tree) if leaf is not None]
+
+
+def assert_same(actual: Any, expected: Any, what: str) -> None:
+    """The same pytree, dtypes and shapes, and the same values (bit for bit)."""
+    a_flat, a_spec = pytree.tree_flatten(actual)
+    e_flat, e_spec = pytree.tree_flatten(expected)
+    assert a_spec == e_spec, f"{what}: structure {a_spec} != {e_spec}"
+    for k, (a, e) in enumerate(zip(a_flat, e_flat, strict=True)):
+        if a is None or e is None:
+            assert a is e, f"{what}: leaf {k}: {a} vs {e}"
+            continue
+        assert a.dtype == e.dtype, f"{what}: leaf {k}: dtype {a.dtype} != {e.dtype}"
+        assert a.shape == e.shape, f"{what}: leaf {k}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+        assert torch.equal(a, e), f"{what}: leaf {k}: values differ\n{a}\n{e}"
+
+
+def tolerance(dtype: np.dtype, float32_inside: bool) -> dict[str, float]:
+    """float32 to 1e-4 relative and 1e-5 absolute, float64 to 1e-9 and 1e-10 (as float32 where
+    the program computes in float32 too: a float64 value may come from a float32 one); others
+    exactly."""
+    if dtype == np.float32 or (dtype == np.float64 and float32_inside):
+        return {"rtol": 1e-4, "atol": 1e-5}
+    if dtype == np.float64:
+        return {"rtol": 1e-9, "atol": 1e-10}
+    return {"rtol": 0, "atol": 0}
+
+
+def assert_close(
+    actual: list[np.ndarray], expected: list[torch.Tensor], what: str, float32_inside: bool
+) -> None:
+    assert len(actual) == len(expected), f"{what}: {len(actual)} outputs, expected {len(expected)}"
+    for k, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        e = e.detach().numpy()
+        assert a.dtype == e.dtype, f"{what}: output {k}: dtype {a.dtype}, expected {e.dtype}"
+        assert a.shape == e.shape, f"{what}: output {k}: shape {a.shape}, expected {e.shape}"
+        np.testing.assert_allclose(
+            a, e, err_msg=f"{what}: output {k}", **tolerance(e.dtype, float32_inside)
+        )
+
+
+def check_eager(program: Program) -> bool:
+    """torchscan against the oracle at every length; False when torchscan refuses."""
+    eager, oracle = program.module(TORCHSCAN), program.module(_oracle.NAMESPACE)
+    for length in program.lengths if program.dynamic else program.lengths[:1]:
+        inputs = program.inputs_at(length)
+        try:
+            with torch.no_grad():
+                actual = eager(*inputs)
+        except torchscan.TorchscanError as error:
+            REFUSALS[f"eager: {kind_of(error)}"] += 1
+            return False
+        with torch.no_grad():
+            expected = oracle(*inputs)
+        if isinstance(expected[1], _oracle.EmptyYs):
+            axis = expected[1].axis
+            ys = _empty_like(program, oracle, axis)
+            if isinstance(ys, _oracle.EmptyYs):  # no length runs a step: only the lengths
+                for k, y in enumerate(leaves(actual[1])):
+                    assert y.shape[axis] == 0, f"eager at length {length}: ys leaf {k} {y.shape}"
+                ys = actual[1]
+            expected = (expected[0], ys)
+        assert_same(actual, expected, f"eager vs oracle at length {length}")
+    return True
+
+
+def _empty_like(program: Program, oracle: torch.nn.Module, axis: int) -> Any:
+    """The oracle's outputs at a length where steps run, with length 0 on ``axis``."""
+    for length in (1, 3, 5):
+        with torch.no_grad():
+            _, ys = oracle(*program.inputs_at(length))
+        if not isinstance(ys, _oracle.EmptyYs):
+            return pytree.tree_map(lambda y: None if y is None else y.narrow(axis, 0, 0), ys)
+    return ys
+
+
+def export(program: Program, opset: int) -> onnx.ModelProto | None:
+    """The program exported at ``opset`` with a dynamic length, or None when torchscan refuses."""
+    module = program.module(TORCHSCAN)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", torchscan.TorchscanWarning)
+            exported = onnx_export(
+                module,
+                program.inputs_at(program.lengths[0]),
+                dynamo=True,
+                opset_version=opset,
+                dynamic_shapes=program.dynamic_shapes(),
+            )
+    except (torchscan.TorchscanError, torchscan.TorchscanWarning) as error:
+        REFUSALS[f"export: {kind_of(error)}"] += 1
+        return None
+    return exported.model_proto
+
+
+def reference_skip(model: onnx.ModelProto, opset: int) -> str | None:
+    """Why onnx's reference evaluator cannot run ``model`` (docs/export.md), or None."""
+    if scan_version(opset).batch_axis:
+        return "Scan-8"
+    for node in _nodes(model.graph):
+        if node.op_type != "Scan":
+            continue
+        for attribute in node.attribute:
+            if attribute.name.startswith("scan_") and any(
+                onnx.helper.get_attribute_value(attribute)
+            ):
+                return "Scan on another axis or reversed"
+    return None
+
+
+def _nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for g in [attribute.g] if attribute.HasField("g") else attribute.graphs:
+                yield from _nodes(g)
+
+
+def assert_declared_shapes(model: onnx.ModelProto, actual: list[np.ndarray], what: str) -> None:
+    """Every fixed size the model declares for an output is the size it gives."""
+    for output, value in zip(model.graph.output, actual, strict=True):
+        if not output.type.tensor_type.HasField("shape"):
+            continue
+        dims = output.type.tensor_type.shape.dim
+        declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        message = f"{what}: output {output.name} declared {declared}, has shape {value.shape}"
+        assert len(declared) == value.ndim, message
+        assert all(d is None or d == n for d, n in zip(declared, value.shape, strict=True)), message
+
+
+def check_runtimes(program: Program, model: onnx.ModelProto, opset: int) -> None:
+    """onnxruntime, and the reference evaluator where it can, against eager at every length."""
+    eager = program.module(TORCHSCAN)
+    skip = reference_skip(model, opset)
+    for length in program.lengths if program.dynamic else program.lengths[:1]:
+        inputs = program.inputs_at(length)
+        with torch.no_grad():
+            expected = leaves(eager(*inputs))
+        used = {i.name for i in model.graph.input}
+        feeds = [t for i, t in zip(program.inputs, inputs, strict=True) if i.name in used]
+        f32 = "float32" in program.source() or any(i.dtype == "float32" for i in program.inputs)
+        ort = run_onnxruntime(model, feeds)
+        assert_declared_shapes(model, ort, f"onnxruntime at length {length}")
+        assert_close(ort, expected, f"onnxruntime at length {length}", f32)
+        if skip is not None:
+            SKIPS[skip] += 1
+            continue
+        try:
+            reference = run_reference(model, feeds)
+        except NotImplementedError as error:  # torchscan's Loop for it: no iteration, see loop.md
+            SKIPS[f"reference: {kind_of(error)}"] += 1
+            continue
+        assert_close(reference, expected, f"reference at length {length}", f32)
+
+
+def check(program: Program, opset: int) -> None:
+    """Every check of one program: eager against the oracle, then the exported model."""
+    RUNS["generated"] += 1
+    if not check_eager(program):
+        return
+    RUNS["eager"] += 1
+    model = export(program, opset)
+    if model is None:
+        return
+    RUNS["exported"] += 1
+    check_runtimes(program, model, opset)

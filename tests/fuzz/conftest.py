@@ -1,0 +1,48 @@
+"""The number of programs the fuzz tests run, and their report at the end of the session.
+
+Without ``--fuzz`` each test runs a fixed, derandomized slice (the same programs on every run,
+as CI needs); ``--fuzz N`` runs ``N`` programs per test from a random seed, printed on failure.
+"""
+
+from __future__ import annotations
+
+import hypothesis
+import pytest
+
+from ._check import REFUSALS, RUNS, SKIPS
+
+DEFAULT_EXAMPLES = {"eager": 150, "export": 50}
+"""Programs per test in the default slice: about three minutes on one core, export dominating."""
+
+
+@pytest.fixture
+def fuzz_settings(request: pytest.FixtureRequest):
+    """``fuzz_settings(kind)``: the hypothesis settings of a fuzz test of kind ``eager`` or
+    ``export``."""
+    n = request.config.getoption("--fuzz")
+
+    def settings(kind: str) -> hypothesis.settings:
+        return hypothesis.settings(
+            max_examples=n or DEFAULT_EXAMPLES[kind],
+            derandomize=n is None,
+            deadline=None,
+            print_blob=True,
+            suppress_health_check=[
+                hypothesis.HealthCheck.too_slow,
+                hypothesis.HealthCheck.data_too_large,
+            ],
+        )
+
+    return settings
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not RUNS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("torchscan fuzzing")
+    write("programs: " + ", ".join(f"{k} {v}" for k, v in RUNS.items()))
+    for kind, count in REFUSALS.most_common():
+        write(f"refused {count}x: {kind}")
+    for kind, count in SKIPS.most_common():
+        write(f"reference evaluator left out {count}x: {kind}")

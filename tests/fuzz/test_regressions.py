@@ -1,0 +1,79 @@
+"""Bugs the differential fuzzer found, each as a plain test of its own (tests/fuzz/)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torchscan
+
+from .._export import onnx_export
+from ..onnx._runtimes import run_onnxruntime
+
+
+def _export_and_run(
+    module: torch.nn.Module, export_args: tuple, run_args: list[tuple], dynamic, opset: int = 18
+) -> None:
+    """Export ``module`` with a dynamic length; onnxruntime gives eager's outputs on every
+    ``run_args``."""
+    model = onnx_export(
+        module, export_args, dynamo=True, opset_version=opset, dynamic_shapes=dynamic
+    ).model_proto
+    for args in run_args:
+        with torch.no_grad():
+            expected = [
+                t.numpy() for t in torch.utils._pytree.tree_leaves(module(*args)) if t is not None
+            ]
+        names = {i.name for i in model.graph.input}
+        feeds = [a for a, i in zip(args, ("w", "xs"), strict=True) if i in names]
+        actual = run_onnxruntime(model, feeds)
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected, strict=True):
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+class _UntilWithoutOutputs(torch.nn.Module):
+    """A scan that stops with until and has no per-step output (``y`` is None)."""
+
+    def forward(self, w, xs):
+        def step(c, x):
+            c = torch.tanh(c + x)
+            return c, None, torchscan.until(c.sum() > 1)
+
+        return torchscan.scan(step, w, xs)
+
+
+def test_scan_with_until_and_no_outputs_exports() -> None:
+    # torch.export failed with PendingUnbackedSymbolNotFound: the Loop's fake implementation made
+    # a size for the number of steps run, which no output held.
+    module = _UntilWithoutOutputs().eval()
+    dim = torch.export.Dim("T", min=0)
+    gen = torch.Generator().manual_seed(0)
+    runs = [(torch.randn(3, generator=gen), torch.randn(t, 3, generator=gen)) for t in (4, 0, 1, 6)]
+    _export_and_run(module, runs[0], runs, (None, {0: dim}))
+
+
+class _ClampFloat64(torch.nn.Module):
+    """A loop whose body clamps float64 values read with the counter."""
+
+    def forward(self, w, xs):
+        def body(i, c):
+            return (c + xs[i]).clamp(-1.5, 1.5), (xs[i] @ w).clamp(-4, 4)
+
+        return torchscan.loop(body, torch.zeros_like(w), trip_count=xs.shape[0])
+
+
+@pytest.mark.parametrize("opset", [8, 9, 11])
+def test_float64_clamp_below_opset_12_runs_in_onnxruntime(opset) -> None:
+    # The conversion kept a double Clip-6 or Clip-11, which the ONNX schema allows but
+    # onnxruntime implements for float only: the session failed with NOT_IMPLEMENTED.
+    module = _ClampFloat64().eval()
+    dim = torch.export.Dim("T", min=0)
+    gen = torch.Generator().manual_seed(0)
+    runs = [
+        (torch.randn(3, dtype=torch.float64, generator=gen),
+         torch.randn(t, 3, dtype=torch.float64, generator=gen))
+        for t in (4, 0, 1, 6)
+    ]  # fmt: skip
+    _export_and_run(module, runs[0], runs, (None, {0: dim}), opset)
