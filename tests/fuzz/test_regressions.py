@@ -9,7 +9,7 @@ import torch
 import torchscan
 
 from .._export import onnx_export
-from ..onnx._runtimes import run_onnxruntime
+from ..onnx._runtimes import run_onnxruntime, run_reference
 
 
 def _export_and_run(
@@ -77,3 +77,32 @@ def test_float64_clamp_below_opset_12_runs_in_onnxruntime(opset) -> None:
         for t in (4, 0, 1, 6)
     ]  # fmt: skip
     _export_and_run(module, runs[0], runs, (None, {0: dim}), opset)
+
+
+class _GatherFewerRows(torch.nn.Module):
+    """A loop whose body gathers with an index smaller than the carry on the other axis, which
+    torch and the ONNX specification allow."""
+
+    def forward(self, w, xs):
+        def body(i, c):
+            index = torch.tensor([1, 1, 1, 0]).reshape(2, 2)
+            return c + xs[i], torch.gather(c, -1, index)
+
+        return torchscan.loop(body, w, trip_count=xs.shape[0])
+
+
+def test_gather_with_a_smaller_index_runs_in_the_reference_evaluator() -> None:
+    # The tests ran onnx's reference evaluator without the check tool's GatherElements, which
+    # refuses an index smaller than the data on an axis other than the gathered one.
+    module = _GatherFewerRows().eval()
+    gen = torch.Generator().manual_seed(0)
+    w, xs = torch.randn(2, 3, generator=gen), torch.randn(4, 2, 3, generator=gen)
+    dim = torch.export.Dim("T", min=0)
+    model = onnx_export(
+        module, (w, xs), dynamo=True, opset_version=15, dynamic_shapes=(None, {0: dim})
+    ).model_proto
+    with torch.no_grad():
+        expected = [t.numpy() for t in module(w, xs)]
+    for actual in (run_reference(model, [w, xs]), run_onnxruntime(model, [w, xs])):
+        for a, e in zip(actual, expected, strict=True):
+            np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-7)

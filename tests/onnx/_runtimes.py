@@ -11,7 +11,7 @@ import onnxruntime as ort
 import torch
 import torch.utils._pytree as pytree
 
-from torchscan.onnx._check._runtimes import _spec_loop
+from torchscan.onnx._check._runtimes import reference_ops
 
 
 def run_onnxruntime(model: onnx.ModelProto, inputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
@@ -36,9 +36,9 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 def run_reference(model: onnx.ModelProto, inputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
-    # onnx.reference's Loop departs from the specification; torchscan's check tool and these
-    # tests run it with a Loop that follows the specification's pseudo-code.
-    evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=[_spec_loop()])
+    # onnx.reference's Loop, ReduceLogSumExp and GatherElements depart from the specification;
+    # torchscan's check tool and these tests run it with the check tool's replacements.
+    evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops())
     return evaluator.run(None, dict(zip(evaluator.input_names, _numpy(inputs), strict=True)))
 
 
