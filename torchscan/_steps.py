@@ -116,6 +116,65 @@ class Protocol:
         # of them), and never the counter i of a loop (a fresh tensor at every iteration).
         sources_before = sources.versions() if watching and sources is not None else ()
         single = carry_type.single
+        if single and watching and not has_until:
+            carry = self._run_single(call, items, carry, carry_type, append)
+        else:
+            carry = self._run_any(call, items, carry, carry_type, append, has_until, watching)
+        if watching and sources is not None and sources.versions() != sources_before:
+            named = [(f"a slice of {name}", leaf) for name, leaf in sources.named()]
+            where = f"a later {self.step_name}"
+            refuse_changes_in_place(
+                self.api, self.fn_name, named, sources_before, where, "", skip_none=True
+            )
+        carry_type.check(carry, f" in a later {self.step_name}")
+        return carry, ys
+
+    def _run_single(
+        self,
+        call: Callable[[Any, Any], Any],
+        items: Iterable[Any],
+        carry: torch.Tensor,
+        carry_type: _checks.CarryType,
+        append: Callable[[Any], None],
+    ) -> Any:
+        """The steps after the first, for a carry that is one tensor and a step function that
+        returns no ``until``: the loop of :meth:`_run_any` with nothing it does not need."""
+        shape, dtype = carry_type.shapes[0]  # type: ignore[misc]
+        tensor = torch.Tensor
+        for index, item in enumerate(items, 1):
+            try:
+                before = carry._version
+            except RuntimeError:  # an inference tensor, which has no version
+                before = -1
+            out = call(carry, item)
+            try:
+                new, y = out
+            except (TypeError, ValueError):
+                self.has_until(out, expected=False)
+                raise
+            if before != -1 and carry._version != before:
+                where = f"{self.step_name} {index}"
+                refuse_changes_in_place(
+                    self.api, self.fn_name, [("carry", carry)], (before,), where, ""
+                )
+            if not (isinstance(new, tensor) and new.shape == shape and new.dtype is dtype):
+                carry_type.check(new, f" in {self.step_name} {index}")
+            carry = new
+            append(y)
+        return carry
+
+    def _run_any(
+        self,
+        call: Callable[[Any, Any], Any],
+        items: Iterable[Any],
+        carry: Any,
+        carry_type: _checks.CarryType,
+        append: Callable[[Any], None],
+        has_until: bool,
+        watching: bool,
+    ) -> Any:
+        """The steps after the first: call, read, check, until a stop."""
+        single = carry_type.single
         shape, dtype = carry_type.shapes[0] if single else (None, None)  # type: ignore[misc]
         leaves = None if single else carry_type.tensor_leaves(carry)
         before: Any = None
@@ -157,14 +216,7 @@ class Protocol:
             append(y)
             if has_until and self.check_stop(stop, index):
                 break
-        if watching and sources is not None and sources.versions() != sources_before:
-            named = [(f"a slice of {name}", leaf) for name, leaf in sources.named()]
-            where = f"a later {self.step_name}"
-            refuse_changes_in_place(
-                self.api, self.fn_name, named, sources_before, where, "", skip_none=True
-            )
-        carry_type.check(carry, f" in a later {self.step_name}")
-        return carry, ys
+        return carry
 
     def _named_carry(self, carry_type: _checks.CarryType, carry: Any) -> list[tuple[str, Any]]:
         return [
@@ -272,6 +324,8 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     in another order than over a dense copy, so on the CPU the copy gets the same strides (the
     memory between its elements is reserved, never touched). A tensor whose elements overlap
     (an expanded ``init``) is copied densely."""
+    if t.is_contiguous():
+        return t.clone()
     extent = _extent(t)
     if extent is None or extent == t.numel() or t.device.type != "cpu":
         return t.clone()
