@@ -415,7 +415,7 @@ def test_ctrl_c_stops_the_check_at_once_and_exits_130(files: Path, as_json: bool
         assert time.monotonic() - start < 5
     finally:
         child.kill()
-        child.wait()
+        child.communicate()  # and close its pipes
     assert child.returncode == 130
     assert stderr == "torchscan check: interrupted\n"
     if as_json:

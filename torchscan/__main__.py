@@ -1,8 +1,6 @@
 """``python -m torchscan``: the ``torchscan`` command line (see :mod:`torchscan._cli`)."""
 
-import sys
-
-from torchscan._cli import main
+from torchscan._cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -42,6 +42,22 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(self, message)
 
 
+def entry() -> NoReturn:
+    """The ``torchscan`` console script and ``python -m torchscan``: :func:`main`, then exit
+    with its status. A source stopped by Ctrl-C or a time limit may still be inside a runtime's
+    C++ code, which interpreter shutdown must not wait on or tear down under it (onnxruntime
+    aborts the process): then the process ends at once, its output flushed."""
+    import os
+    import threading
+
+    code = main()
+    if threading.active_count() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``torchscan`` command with ``argv`` (``sys.argv[1:]`` by default).
 

@@ -111,6 +111,8 @@ def within(seconds: float | None, run: Callable[[Limit | None], T]) -> T:
         thread.join(min(seconds, threading.TIMEOUT_MAX))
     except BaseException:  # Ctrl-C: stop the source, and let the interrupt go on
         limit._stop(thread)
+        with contextlib.suppress(BaseException):  # a second Ctrl-C ends the wait
+            thread.join(GRACE)  # onnxruntime returns at once when told to terminate
         raise
     if thread.is_alive() or not outcome:
         limit._stop(thread)
