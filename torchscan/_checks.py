@@ -223,7 +223,7 @@ class CarryType:
         ``None`` (devices, which only a step that moves tensors can change, are left to
         :meth:`check`)."""
         leaves, spec = _pytree.tree_flatten(carry)
-        if spec == self.spec and all(map(_same_shape, self.shapes, leaves)):
+        if _pytree.same_structure(spec, self.spec) and all(map(_same_shape, self.shapes, leaves)):
             return [leaf for leaf in leaves if leaf is not None]
         return None
 
@@ -231,10 +231,10 @@ class CarryType:
         """Refuse ``carry`` unless it has the type of ``init``; ``where`` says when ``fn``
         returned it (`` in its first step``)."""
         leaves, spec = _pytree.tree_flatten(carry)
-        if spec == self.spec and all(map(_same_type, self.leaves, leaves)):
+        if _pytree.same_structure(spec, self.spec) and all(map(_same_type, self.leaves, leaves)):
             return
         api, fn_name = self.api, self.fn_name
-        if spec != self.spec:
+        if not _pytree.same_structure(spec, self.spec):
             raise TorchscanTypeError(
                 f"{api}: the carry must keep its structure, but {fn_name} changed it{where}:\n"
                 f"  * init has structure {_pytree.structure_text(self.spec)}\n"

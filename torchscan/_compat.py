@@ -21,9 +21,11 @@ import inspect
 from types import CodeType, ModuleType, SimpleNamespace
 from typing import Any
 
+import torch
 import torch.utils._cxx_pytree as cxx_pytree
 import torch.utils._pytree as pytree
 from torch._C import DispatchKey
+from torch._functorch import config as functorch_config
 from torch._guards import detect_fake_mode
 from torch._higher_order_ops.utils import (
     _maybe_run_with_interpreter,
@@ -117,6 +119,36 @@ def uncaptured_operator_error() -> type[Exception]:
     from torch._dynamo.exc import UncapturedHigherOrderOpError
 
     return UncapturedHigherOrderOpError
+
+
+def scan_operator() -> Any:
+    """torch's own ``scan`` operator, which TorchDynamo captures as one loop and Inductor
+    compiles as a loop (torch has no public ``scan``)."""
+    from torch._higher_order_ops.scan import scan
+
+    return scan
+
+
+_DONATED_BUFFERS_BREAK_LOOPS = torch.__version__ < "2.15"
+
+
+def loops_train_correctly_when_compiled() -> bool:
+    """Whether gradients through torch's loop operators come out right under Inductor.
+
+    Before torch 2.15, Inductor could let a backward graph reuse ("donate") the memory of a saved
+    tensor that a loop operator's body overwrites, and gradients came out wrong
+    (https://github.com/pytorch/pytorch/issues/153679, fixed in 2.15). Turning donated buffers
+    off (``torch._functorch.config.donated_buffer = False``) avoids it on those releases.
+    """
+    return not (_DONATED_BUFFERS_BREAK_LOOPS and functorch_config.donated_buffer)
+
+
+def skip_code_as_frame(code: CodeType) -> None:
+    """Have TorchDynamo run the frames of ``code`` untraced when they are the root of a frame it
+    would compile (after a graph break), while still inlining calls to them in frames it traces."""
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(code)
 
 
 def shape_env() -> Any:
@@ -238,6 +270,24 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "bound_sympy",
         "the smallest length of a scan, from the ranges of the exported program's sizes",
         ("expr", "ranges"),
+    ),
+    # torch.compile
+    PrivateSymbol(
+        "torch._higher_order_ops.scan",
+        "scan",
+        "a scan compiled by torch.compile as one loop",
+        ("combine_fn", "init", "xs", "dim", "reverse"),
+    ),
+    PrivateSymbol(
+        "torch._dynamo.eval_frame",
+        "skip_code",
+        "find a graph break in the first step of a compiled scan",
+        ("code",),
+    ),
+    PrivateSymbol(
+        "torch._functorch.config",
+        "donated_buffer",
+        "whether loops may become loop operators when they are trained under torch.compile",
     ),
     # pytrees
     PrivateSymbol("torch.utils._cxx_pytree", "tree_flatten", "flatten pytrees fast", ("tree",)),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
 
-from torchscan import _checks, _outputs, _steps, _torch_onnx_hook, _traced
+from torchscan import _checks, _compiled, _outputs, _pytree, _steps, _torch_onnx_hook, _traced
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._steps import Until
 
@@ -120,6 +121,11 @@ def loop(
         return _traced.traced_loop(
             body, carry_type, trip_count, cond, _PROTOCOL, never_ends, check_types
         )
+    if torch.compiler.is_dynamo_compiling() and not isinstance(trip_count, torch.Tensor):
+        if trip_count is not None and trip_count <= 0 or cond is False:
+            return init, _empty_ys(body, carry_type, trip_count)
+        if not isinstance(cond, torch.Tensor):
+            return _compiled_loop(body, carry_type, trip_count)
     trips = None if trip_count is None else max(int(trip_count), 0)
     if trips == 0 or (cond is not None and not bool(cond)):
         return init, _empty_ys(body, carry_type, trip_count)
@@ -134,6 +140,40 @@ def loop(
     return carry, _OUTPUTS.stack(ys, 0)
 
 
+def _compiled_loop(body: Callable, carry_type: _checks.CarryType, trips: Any) -> tuple[Any, Any]:
+    """``loop`` under ``torch.compile``, with an int (or symbolic) ``trip_count`` or none: the
+    first iteration traced as it is, the others as one loop (:mod:`torchscan._compiled`)."""
+    device = _device(carry_type.leaves)
+    first = torch.zeros((), dtype=torch.int64, device=device)
+
+    def call(carry: Any, i: torch.Tensor) -> Any:
+        return body(i, carry)
+
+    out, broke = _compiled.first_step(call, carry_type.init, first)
+    never_ends = _NEVER_ENDS if trips is None else None
+    has_until = _PROTOCOL.check_first(out, carry_type, 0, never_ends)
+    y_tensors = any(leaf is not None for leaf in _pytree.tree_leaves(out[1]))
+    if (
+        broke
+        or not _compiled.loop_operators_apply(out, has_until)
+        or (has_until and trips is None and y_tensors)
+    ):
+        # a graph break, a loop operator torch cannot train, or outputs to stack with no bound
+        # on their number: the other iterations run as eagerly
+        counter = itertools.islice(_counter(trips, device), 1, None)
+        carry, ys = _PROTOCOL.run_after_first(call, counter, carry_type, out)
+        return carry, _OUTPUTS.stack(ys, 0)
+    init = carry_type.init
+    if has_until:
+        return _compiled.run_loop(
+            call, _PROTOCOL, init, out, lambda i: i, trips, False, 0, device
+        )
+    counter = torch.arange(trips, device=device)
+    return _compiled.run_scan(
+        call, _PROTOCOL, init, out, [counter], _pytree.tree_structure(first), trips, False, True, 0
+    )
+
+
 def _check_trip_count(trip_count: Any) -> int | torch.Tensor | None:
     if trip_count is None:
         return None
@@ -142,6 +182,8 @@ def _check_trip_count(trip_count: Any) -> int | torch.Tensor | None:
             return trip_count
     elif isinstance(trip_count, torch.SymInt):
         return trip_count  # a size of the program torch.export traces: never negative
+    elif type(trip_count) is int:
+        return trip_count  # as it is: torch.compile keeps an int symbolic, operator.index not
     elif not isinstance(trip_count, bool):
         with contextlib.suppress(TypeError):
             return operator.index(trip_count)  # a negative count runs none, as in ONNX

@@ -48,7 +48,7 @@ class Outputs:
             return self._stack_leaf(ys, axis, ys[0], 0)
         flat = [_pytree.tree_flatten(y) for y in ys]
         for _, step_spec in flat:
-            if step_spec != spec:
+            if not _pytree.same_structure(step_spec, spec):
                 raise TorchscanTypeError(
                     f"{self.api}: {self.fn_name} must return y of the same structure at every "
                     f"step, but:\n"

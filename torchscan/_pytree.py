@@ -22,6 +22,25 @@ tree_structure = _fast.tree_structure
 tree_map = _fast.tree_map
 
 
+def same_structure(a: TreeSpec, b: TreeSpec) -> bool:
+    """Whether two structures are the same.
+
+    Under ``torch.compile``, TorchDynamo flattens with a Python stand-in for optree whose
+    structures never compare equal to optree's own; a structure made while Dynamo traced a frame
+    can meet one made in a frame it left to eager code (after a graph break). Both are then
+    compared in optree's form.
+    """
+    if a == b:
+        return True
+    if type(a) is type(b):
+        return False
+    return _canonical(a) == _canonical(b)
+
+
+def _canonical(spec: TreeSpec) -> TreeSpec:
+    return _fast.tree_structure(_fast.tree_unflatten([0] * spec.num_leaves, spec))
+
+
 def is_leaf_spec(spec: TreeSpec) -> bool:
     """Whether ``spec`` is the structure of a single leaf (a bare tensor or ``None``)."""
     return spec.num_nodes == 1 and spec.num_leaves == 1  # an empty tuple has one node too

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from torchscan import _checks, _outputs, _pytree, _steps, _torch_onnx_hook, _traced
+from torchscan import _checks, _compiled, _outputs, _pytree, _steps, _torch_onnx_hook, _traced
 
 Carry = TypeVar("Carry")
 X = Any
@@ -115,6 +115,8 @@ def scan_in_order(
         )
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
+    if torch.compiler.is_dynamo_compiling():
+        return _compiled_scan(fn, plan, axis, reverse, realign)
     steps = _slices(plan)
     carry, ys = _PROTOCOL.run(
         fn,
@@ -126,6 +128,45 @@ def scan_in_order(
     if reverse and realign:
         ys.reverse()
     return carry, _OUTPUTS.stack(ys, axis)
+
+
+def _compiled_scan(fn: Callable, plan: _Plan, axis: int, reverse: bool, realign: bool) -> Any:
+    """``scan`` under ``torch.compile``: the first step traced as it is, the others as one loop
+    (:mod:`torchscan._compiled`)."""
+    n = plan.length
+    xs = [
+        None if leaf is None else leaf.movedim(a, 0)
+        for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
+    ]
+
+    def take(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            position = n - 1 - t if reverse else t
+            leaves = [None if x is None else x.index_select(0, position.reshape(1))[0] for x in xs]
+        else:
+            leaves = [None if x is None else x.select(0, t) for x in xs]
+        return _pytree.tree_unflatten(leaves, plan.xs_spec)
+
+    out, broke = _compiled.first_step(fn, plan.carry_type.init, take(n - 1 if reverse else 0))
+    has_until = _PROTOCOL.check_first(out, plan.carry_type, axis)
+    if broke or not _compiled.loop_operators_apply(out, has_until):
+        # fn breaks the graph, or torch cannot train the loop operator: the other steps run as
+        # eagerly (TorchDynamo unrolls them where it can trace them)
+        steps = _slices(plan)
+        later = list(reversed(steps))[1:] if reverse else steps[1:]
+        carry, ys = _PROTOCOL.run_after_first(fn, later, plan.carry_type, out)
+        if reverse and realign:
+            ys.reverse()
+        return carry, _OUTPUTS.stack(ys, axis)
+    init = plan.carry_type.init
+    if has_until:
+        device = _compiled.device_of([*plan.carry_type.leaves, *plan.xs_leaves])
+        return _compiled.run_loop(
+            fn, _PROTOCOL, init, out, take, n, reverse and realign, axis, device
+        )
+    return _compiled.run_scan(
+        fn, _PROTOCOL, init, out, xs, plan.xs_spec, n, reverse, realign, axis
+    )
 
 
 _Plan = _checks.ScanPlan

@@ -101,12 +101,8 @@ class Protocol:
         out = call(carry, first)
         if watching and _versions(carry, first) != before:
             self._refuse_first_changes(carry_type, carry, first, before)
-        has_until = self.has_until(out)
-        if refuse_without_until and not has_until:
-            raise TorchscanValueError(refuse_without_until)
+        has_until = self.check_first(out, carry_type, axis, refuse_without_until)
         carry, y = out[0], out[1]
-        carry_type.check(carry, f" in its first {self.step_name}")
-        self.outputs.check_first(y, axis)
         ys = [y]
         if has_until and self.check_stop(out[2].stop, 0):
             return carry, ys
@@ -126,6 +122,39 @@ class Protocol:
             refuse_changes_in_place(
                 self.api, self.fn_name, named, sources_before, where, "", skip_none=True
             )
+        carry_type.check(carry, f" in a later {self.step_name}")
+        return carry, ys
+
+    def check_first(
+        self,
+        out: Any,
+        carry_type: _checks.CarryType,
+        axis: int,
+        refuse_without_until: str | None = None,
+    ) -> bool:
+        """Check what the first step returned; whether it returned ``until``."""
+        has_until = self.has_until(out)
+        if refuse_without_until and not has_until:
+            raise TorchscanValueError(refuse_without_until)
+        carry_type.check(out[0], f" in its first {self.step_name}")
+        self.outputs.check_first(out[1], axis)
+        return has_until
+
+    def run_after_first(
+        self,
+        call: Callable[[Any, Any], Any],
+        items: Iterable[Any],
+        carry_type: _checks.CarryType,
+        out: Any,
+    ) -> tuple[Any, list[Any]]:
+        """The steps after a first step that returned ``out`` (checked by :meth:`check_first`),
+        without watching versions: under ``torch.compile``, which runs a step that breaks its
+        graph this way."""
+        has_until = self.has_until(out)
+        carry, ys = out[0], [out[1]]
+        if has_until and self.check_stop(out[2].stop, 0):
+            return carry, ys
+        carry = self._run_any(call, iter(items), carry, carry_type, ys.append, has_until, False)
         carry_type.check(carry, f" in a later {self.step_name}")
         return carry, ys
 
