@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 import torch
 
@@ -14,7 +14,7 @@ from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._steps import Until
 
 Carry = TypeVar("Carry")
-Y = Any
+Y = TypeVar("Y")
 
 _API = "torchscan.loop"
 _OUTPUTS = _outputs.Outputs(_API, "body", "iteration")
@@ -30,7 +30,7 @@ def loop(
     body: Callable[[torch.Tensor, Carry], tuple[Carry, Y] | tuple[Carry, Y, Until]],
     init: Carry,
     *,
-    trip_count: int | torch.Tensor | None = None,
+    trip_count: SupportsIndex | torch.Tensor | None = None,
     cond: bool | torch.Tensor | None = None,
 ) -> tuple[Carry, Y]:
     """Run ``body`` with an iteration number and a carry, as ONNX ``Loop`` does.
