@@ -6,7 +6,7 @@ import contextlib
 import itertools
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 import torch
 
@@ -15,7 +15,7 @@ from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._steps import Until
 
 Carry = TypeVar("Carry")
-Y = Any
+Y = TypeVar("Y")
 
 _API = "torchscan.loop"
 _OUTPUTS = _outputs.Outputs(_API, "body", "iteration")
@@ -31,7 +31,7 @@ def loop(
     body: Callable[[torch.Tensor, Carry], tuple[Carry, Y] | tuple[Carry, Y, Until]],
     init: Carry,
     *,
-    trip_count: int | torch.Tensor | None = None,
+    trip_count: SupportsIndex | torch.Tensor | None = None,
     cond: bool | torch.Tensor | None = None,
 ) -> tuple[Carry, Y]:
     """Run ``body`` with an iteration number and a carry, as ONNX ``Loop`` does.
@@ -122,7 +122,7 @@ def loop(
             body, carry_type, trip_count, cond, _PROTOCOL, never_ends, check_types
         )
     if torch.compiler.is_dynamo_compiling() and not isinstance(trip_count, torch.Tensor):
-        if trip_count is not None and trip_count <= 0 or cond is False:
+        if (trip_count is not None and trip_count <= 0) or cond is False:
             return init, _empty_ys(body, carry_type, trip_count)
         if not isinstance(cond, torch.Tensor):
             return _compiled_loop(body, carry_type, trip_count)

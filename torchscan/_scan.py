@@ -3,28 +3,53 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar, overload
 
 import torch
 
 from torchscan import _checks, _compiled, _outputs, _pytree, _steps, _torch_onnx_hook, _traced
+from torchscan._until import Until
 
 Carry = TypeVar("Carry")
-X = Any
-Y = Any
+X = TypeVar("X")
+Y = TypeVar("Y")
 
 _API = "torchscan.scan"
 _OUTPUTS = _outputs.Outputs(_API, "fn", "xs index")
 _PROTOCOL = _steps.Protocol(_OUTPUTS, "step", "x")
 
 
+@overload
 def scan(
-    fn: Callable[[Carry, X], tuple[Carry, Y]],
+    fn: Callable[[Carry, None], tuple[Carry, Y] | tuple[Carry, Y, Until]],
     init: Carry,
-    xs: X = None,
+    xs: None = None,
     *,
-    length: int | None = None,
-    axis: int = 0,
+    length: SupportsIndex,
+    axis: SupportsIndex = 0,
+    reverse: bool = False,
+) -> tuple[Carry, Y]: ...
+
+
+@overload
+def scan(
+    fn: Callable[[Carry, X], tuple[Carry, Y] | tuple[Carry, Y, Until]],
+    init: Carry,
+    xs: X,
+    *,
+    length: SupportsIndex | None = None,
+    axis: SupportsIndex = 0,
+    reverse: bool = False,
+) -> tuple[Carry, Y]: ...
+
+
+def scan(
+    fn: Callable[[Carry, X], tuple[Carry, Y] | tuple[Carry, Y, Until]],
+    init: Carry,
+    xs: X | None = None,
+    *,
+    length: SupportsIndex | None = None,
+    axis: SupportsIndex = 0,
     reverse: bool = False,
 ) -> tuple[Carry, Y]:
     """Loop ``fn`` over an axis of ``xs`` while carrying state, stacking what each step returns.

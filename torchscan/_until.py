@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 
@@ -12,10 +11,10 @@ import torch
 class Until:
     """The stop flag a step function returns last: see :func:`until`."""
 
-    stop: Any
+    stop: torch.Tensor | bool
 
 
-def until(stop: torch.Tensor) -> Until:
+def until(stop: torch.Tensor | bool) -> Until:
     """Mark ``stop`` as the flag that ends a loop after the current step.
 
     A ``loop`` body or a ``scan`` step function returns ``(carry, y, torchscan.until(stop))``:

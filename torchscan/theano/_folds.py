@@ -6,13 +6,64 @@ step (its initial value when no step runs).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 
 from torchscan._errors import TorchscanValueError
 from torchscan.theano._args import _Output
 from torchscan.theano._scan import Updates, _run, scan
+
+if TYPE_CHECKING:
+    from torchscan._typing import OneOutputStep, OneOutputUntilStep, Outputs, SeveralOutputsStep
+
+
+@overload
+def map(
+    fn: OneOutputStep,
+    sequences: Any,
+    non_sequences: Any = None,
+    truncate_gradient: int = -1,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def map(
+    fn: SeveralOutputsStep,
+    sequences: Any,
+    non_sequences: Any = None,
+    truncate_gradient: int = -1,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[list[torch.Tensor], Updates]: ...
+
+
+@overload
+def map(
+    fn: OneOutputUntilStep,
+    sequences: Any,
+    non_sequences: Any = None,
+    truncate_gradient: int = -1,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def map(
+    fn: Callable[..., Any],
+    sequences: Any,
+    non_sequences: Any = None,
+    truncate_gradient: int = -1,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[Outputs, Updates]: ...
 
 
 def map(
@@ -50,6 +101,54 @@ def map(
         mode=mode,
         name=name,
     )
+
+
+@overload
+def reduce(
+    fn: OneOutputStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def reduce(
+    fn: SeveralOutputsStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[list[torch.Tensor], Updates]: ...
+
+
+@overload
+def reduce(
+    fn: OneOutputUntilStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def reduce(
+    fn: Callable[..., Any],
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[Outputs, Updates]: ...
 
 
 def reduce(
@@ -119,6 +218,50 @@ def _reduce(
     return (last[0] if len(last) == 1 else last), {}
 
 
+@overload
+def foldl(
+    fn: OneOutputStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def foldl(
+    fn: SeveralOutputsStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[list[torch.Tensor], Updates]: ...
+
+
+@overload
+def foldl(
+    fn: OneOutputUntilStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def foldl(
+    fn: Callable[..., Any],
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[Outputs, Updates]: ...
+
+
 def foldl(
     fn: Callable[..., Any],
     sequences: Any,
@@ -143,6 +286,50 @@ def foldl(
     """
     del mode, name
     return _reduce("foldl", fn, sequences, outputs_info, non_sequences, False)
+
+
+@overload
+def foldr(
+    fn: OneOutputStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def foldr(
+    fn: SeveralOutputsStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[list[torch.Tensor], Updates]: ...
+
+
+@overload
+def foldr(
+    fn: OneOutputUntilStep,
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def foldr(
+    fn: Callable[..., Any],
+    sequences: Any,
+    outputs_info: Any,
+    non_sequences: Any = None,
+    mode: Any = None,
+    name: str | None = None,
+) -> tuple[Outputs, Updates]: ...
 
 
 def foldr(

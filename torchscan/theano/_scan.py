@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsIndex, TypeAlias, overload
 
 import torch
 
@@ -16,7 +16,78 @@ from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan.theano._args import _API, _as_list, _exporting, _n_steps, _outputs, _sequences
 from torchscan.theano._plan import _Plan
 
-Updates = dict
+if TYPE_CHECKING:
+    from torchscan._typing import OneOutputStep, OneOutputUntilStep, Outputs, SeveralOutputsStep
+
+Updates: TypeAlias = dict[Any, Any]
+
+
+@overload
+def scan(
+    fn: OneOutputStep,
+    sequences: Any = None,
+    outputs_info: Any = None,
+    non_sequences: Any = None,
+    n_steps: SupportsIndex | torch.Tensor | None = None,
+    truncate_gradient: int = -1,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+    profile: bool = False,
+    allow_gc: bool | None = None,
+    strict: bool = False,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def scan(
+    fn: SeveralOutputsStep,
+    sequences: Any = None,
+    outputs_info: Any = None,
+    non_sequences: Any = None,
+    n_steps: SupportsIndex | torch.Tensor | None = None,
+    truncate_gradient: int = -1,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+    profile: bool = False,
+    allow_gc: bool | None = None,
+    strict: bool = False,
+) -> tuple[list[torch.Tensor], Updates]: ...
+
+
+@overload
+def scan(
+    fn: OneOutputUntilStep,
+    sequences: Any = None,
+    outputs_info: Any = None,
+    non_sequences: Any = None,
+    n_steps: SupportsIndex | torch.Tensor | None = None,
+    truncate_gradient: int = -1,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+    profile: bool = False,
+    allow_gc: bool | None = None,
+    strict: bool = False,
+) -> tuple[torch.Tensor, Updates]: ...
+
+
+@overload
+def scan(
+    fn: Callable[..., Any],
+    sequences: Any = None,
+    outputs_info: Any = None,
+    non_sequences: Any = None,
+    n_steps: SupportsIndex | torch.Tensor | None = None,
+    truncate_gradient: int = -1,
+    go_backwards: bool = False,
+    mode: Any = None,
+    name: str | None = None,
+    profile: bool = False,
+    allow_gc: bool | None = None,
+    strict: bool = False,
+) -> tuple[Outputs, Updates]: ...
 
 
 def scan(
@@ -24,7 +95,7 @@ def scan(
     sequences: Any = None,
     outputs_info: Any = None,
     non_sequences: Any = None,
-    n_steps: int | torch.Tensor | None = None,
+    n_steps: SupportsIndex | torch.Tensor | None = None,
     truncate_gradient: int = -1,
     go_backwards: bool = False,
     mode: Any = None,

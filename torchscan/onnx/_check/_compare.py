@@ -54,9 +54,9 @@ DEFAULT_RTOL = 1e-5
 
 
 def check(
-    model: str | os.PathLike | bytes | onnx.ModelProto,
+    model: str | os.PathLike[str] | bytes | onnx.ModelProto,
     *,
-    inputs: str | os.PathLike | Mapping[str, Any] | Sequence[Any] | None = None,
+    inputs: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any] | None = None,
     expected: Mapping[str, Any] | Sequence[Any] | None = None,
     module: Callable[..., Any] | None = None,
     args: Sequence[Any] | None = None,
