@@ -24,5 +24,6 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_torch_onnx_hook.wrap_torch_onnx_export()
-_torch_onnx_hook.install_hooks_when_the_exporter_loads()
+# Wraps torch.onnx.export and hooks into torch.onnx's exporter, unless
+# TORCHSCAN_PATCH_TORCH_ONNX=0: see torchscan.onnx.install_export_hooks and docs/export.md.
+_torch_onnx_hook.install_at_import()

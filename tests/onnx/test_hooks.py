@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,16 +18,21 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 import torchscan
-from torchscan import _traced
+import torchscan.onnx
+from torchscan import _torch_onnx_hook, _traced
 from torchscan.onnx import _hooks, _translate
 
 from .._export import onnx_export
 from ._runtimes import nodes
 
 
-def run_python(code: str) -> str:
+def run_python(code: str, **environment: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **environment},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
@@ -182,6 +189,258 @@ def test_torch_onnx_logs_nothing_about_the_translations(caplog) -> None:
         logging.getLogger("torch.onnx").setLevel(logging.WARNING)
         torch.onnx.export(Doubles().eval(), ARGS, opset_version=18, verbose=False)
     assert not [r for r in caplog.records if "signature" in r.getMessage()]
+
+
+# --- switching the hooks off -------------------------------------------------------------------
+
+TORCH_ONNX_STATE = """
+import logging, sys
+import torch
+
+def torch_onnx_state():
+    \"\"\"What torchscan's hooks replace, and whether each is torch's own.\"\"\"
+    from torch.onnx._internal.exporter import _core, _dispatching, _onnx_program, _registration
+    get_decomps = _registration.ONNXRegistry.get_decomps
+    loggers = [f"torch.onnx._internal.exporter.{name}" for name in ("_compat", "_registration")]
+    return {
+        "export": torch.onnx.export,
+        "meta_path": list(sys.meta_path),
+        "get_decomps": get_decomps,
+        "dispatch": _dispatching.dispatch,
+        "core apis": _core.onnxscript_apis,
+        "program apis": _onnx_program.onnxscript_apis,
+        "filters": [list(logging.getLogger(name).filters) for name in loggers],
+    }
+
+def torchs_own(state):
+    functions = [state["export"], state["get_decomps"], state["dispatch"]]
+    return (
+        [(f.__module__, hasattr(f, "__wrapped__")) for f in functions] == [
+            ("torch.onnx", False),
+            ("torch.onnx._internal.exporter._registration", False),
+            ("torch.onnx._internal.exporter._dispatching", False),
+        ]
+        and state["core apis"] is state["program apis"]
+        and type(state["core apis"]).__name__ == "_LazyModule"
+        and state["filters"] == [[], []]
+        and not any(type(f).__module__.startswith("torchscan") for f in state["meta_path"])
+    )
+
+class M(torch.nn.Module):
+    def forward(self, xs, h):
+        return torchscan.scan(lambda c, x: (c + x, c), h, xs)
+
+ARGS = (torch.ones(3, 2), torch.zeros(2))
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+"""
+
+
+def test_with_the_variable_at_0_import_leaves_torch_onnx_alone_exporter_loaded_first() -> None:
+    out = run_python(
+        TORCH_ONNX_STATE
+        + """
+import torch.onnx._internal.exporter._core
+before = torch_onnx_state()
+assert torchs_own(before)
+import torchscan, torchscan.onnx
+after = torch_onnx_state()
+print(all(after[key] is before[key] or after[key] == before[key] for key in before))
+print(torch.onnx.export is before["export"], torchscan.onnx.export_hooks_installed())
+""",
+        TORCHSCAN_PATCH_TORCH_ONNX="0",
+    )
+    assert out.split("\n")[:2] == ["True", "True False"]
+
+
+def test_with_the_variable_at_0_import_leaves_torch_onnx_alone_and_export_still_works() -> None:
+    """Imported before torch.onnx's exporter: no finder waits for it, and torchscan.onnx.export
+    installs the hooks for its call only."""
+    out = run_python(
+        """
+import sys, torch
+export, finders = torch.onnx.export, list(sys.meta_path)
+import torchscan, torchscan.onnx
+print(torch.onnx.export is export, sys.meta_path == finders)
+"""
+        + TORCH_ONNX_STATE
+        + """
+print(torchs_own(torch_onnx_state()))
+program = torchscan.onnx.export(M().eval(), ARGS, opset_version=13, verbose=False)
+print([n.op_type for n in program.model_proto.graph.node], torchs_own(torch_onnx_state()))
+""",
+        TORCHSCAN_PATCH_TORCH_ONNX="off",
+    )
+    assert out.split("\n")[:3] == ["True True", "True", "['Scan'] True"]
+
+
+@pytest.mark.parametrize(
+    ("value", "patch"),
+    [("", True), ("1", True), ("true", True), (" On ", True), ("0", False), ("False", False)],
+)
+def test_the_variable_says_whether_import_installs_the_hooks(monkeypatch, value, patch) -> None:
+    monkeypatch.setenv(_torch_onnx_hook.ENVIRONMENT_VARIABLE, value)
+    assert _torch_onnx_hook.patch_at_import() is patch
+
+
+def test_a_value_of_the_variable_torchscan_does_not_know_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv("TORCHSCAN_PATCH_TORCH_ONNX", "disabled")
+    with pytest.raises(
+        torchscan.TorchscanValueError, match=r"TORCHSCAN_PATCH_TORCH_ONNX='disabled'"
+    ):
+        _torch_onnx_hook.patch_at_import()
+
+
+def _refusal_of(error: BaseException) -> torchscan.ExportError:
+    cause = _torch_onnx_hook._torchscan_cause(error)
+    assert isinstance(cause, torchscan.ExportError), error
+    assert "TORCHSCAN_PATCH_TORCH_ONNX=0" in str(cause)
+    assert "torchscan.onnx.export(model, args, ...)" in str(cause)
+    assert "torchscan.onnx.install_export_hooks()" in str(cause)
+    assert str(cause) in str(error)  # torch.onnx's error shows it
+    return cause
+
+
+@pytest.fixture
+def hooks_off():
+    """The hooks uninstalled for the test, and installed again after it."""
+    torchscan.onnx.uninstall_export_hooks()
+    try:
+        yield
+    finally:
+        torchscan.onnx.install_export_hooks()
+
+
+def _state() -> dict:
+    from torch.onnx._internal.exporter import _core, _dispatching, _onnx_program, _registration
+
+    return {
+        "export": torch.onnx.export,
+        "get_decomps": _registration.ONNXRegistry.get_decomps,
+        "dispatch": _dispatching.dispatch,
+        "apis": (_core.onnxscript_apis, _onnx_program.onnxscript_apis),
+        "filters": [list(logging.getLogger(name).filters) for name, _ in _hooks._log_filters()],
+        "finders": [f for f in sys.meta_path if type(f).__module__.startswith("torchscan")],
+    }
+
+
+def test_the_hooks_are_uninstalled_and_installed_again_at_run_time() -> None:
+    _hooks.install()
+    on = _state()
+    assert torchscan.onnx.export_hooks_installed()
+    assert on["export"].__torchscan_wrapped__
+    torchs = {
+        "export": on["export"].__wrapped__,
+        "get_decomps": on["get_decomps"].__wrapped__,
+        "dispatch": on["dispatch"].__wrapped__,
+        "apis": (on["apis"][0]._apis, on["apis"][0]._apis),
+        "filters": [[f for f in fs if f.__module__ != _hooks.__name__] for fs in on["filters"]],
+        "finders": [],
+    }
+    torchscan.onnx.uninstall_export_hooks()
+    try:
+        off = _state()
+        assert not torchscan.onnx.export_hooks_installed()
+        assert all(off[key] == torchs[key] for key in torchs), (off, torchs)
+        assert off["export"] is torchs["export"]
+        torchscan.onnx.uninstall_export_hooks()  # again: nothing
+        assert _state() == off
+    finally:
+        torchscan.onnx.install_export_hooks()
+    again = _state()
+    assert torchscan.onnx.export_hooks_installed()
+    assert again["export"].__torchscan_wrapped__
+    assert again["export"].__wrapped__ is torchs["export"]
+    assert again["get_decomps"].__wrapped__ is torchs["get_decomps"]
+    assert again["dispatch"].__wrapped__ is torchs["dispatch"]
+    assert again["apis"][0]._apis is torchs["apis"][0]
+    assert again["filters"] == on["filters"]
+    torchscan.onnx.install_export_hooks()  # again: nothing
+    assert _state() == again
+
+
+@pytest.mark.usefixtures("hooks_off")
+def test_without_the_hooks_torch_onnx_export_refuses_a_loop_and_torchscan_onnx_exports_it() -> None:
+    with pytest.raises(Exception) as refused:  # noqa: PT011 (torch.onnx's own error class)
+        onnx_export(Doubles(), ARGS, opset_version=18)
+    assert str(_refusal_of(refused.value)).startswith("torchscan.scan: torch.onnx.export is ")
+    program = torchscan.onnx.export(Doubles().eval(), ARGS, opset_version=13, verbose=False)
+    assert [n.op_type for n in program.model_proto.graph.node] == ["Sin", "Scan"]
+    assert [o.version for o in program.model_proto.opset_import if o.domain == ""] == [13]
+    assert not _hooks.installed()  # for that call only
+
+
+@pytest.mark.usefixtures("hooks_off")
+def test_without_the_hooks_an_exported_program_is_refused_too() -> None:
+    """torch.onnx decomposes the program, which traces the loop again: the refusal is made
+    there, not left to torch.onnx's lookup, which finds no translation."""
+    program = torch.export.export(Doubles().eval(), ARGS)
+    with pytest.raises(Exception) as refused:  # noqa: PT011 (torch.onnx's own error class)
+        onnx_export(program, (), opset_version=18)
+    _refusal_of(refused.value)
+    exported = torchscan.onnx.export(program, opset_version=18, verbose=False)
+    assert "Scan" in [n.op_type for n in exported.model_proto.graph.node]
+
+
+@pytest.mark.usefixtures("hooks_off")
+def test_without_the_hooks_torch_onnx_exports_a_model_without_a_loop_as_torch_does() -> None:
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x) + 1
+
+    program = onnx_export(Plain(), (torch.ones(3),), opset_version=18)
+    assert [n.op_type for n in program.model_proto.graph.node] == ["Tanh", "Add"]
+
+
+def test_with_the_hooks_on_both_exports_make_a_scan() -> None:
+    assert torchscan.onnx.export_hooks_installed()
+    for export in (torch.onnx.export, torchscan.onnx.export):
+        program = export(Doubles().eval(), ARGS, opset_version=18, verbose=False)
+        assert [n.op_type for n in program.model_proto.graph.node] == ["Sin", "Scan"]
+
+
+def test_a_wrapper_wrapped_since_passes_through_once_uninstalled() -> None:
+    """Something else wrapped torch.onnx.export after torchscan did: uninstalling leaves that
+    wrapper in place, and torchscan's inside it passes every call through."""
+    ours = torch.onnx.export
+    torchs = ours.__wrapped__
+
+    def theirs(*args, **kwargs):
+        return ours(*args, **kwargs)
+
+    torch.onnx.export = theirs
+    try:
+        torchscan.onnx.uninstall_export_hooks()
+        assert torch.onnx.export is theirs
+        with pytest.raises(Exception) as refused:  # noqa: PT011 (torch.onnx's own error class)
+            onnx_export(Doubles(), ARGS, opset_version=18)
+        _refusal_of(refused.value)
+    finally:
+        torch.onnx.export = torchs
+        torchscan.onnx.install_export_hooks()
+    assert torch.onnx.export.__wrapped__ is torchs
+
+
+def test_the_docs_name_everything_the_hooks_change_in_torch() -> None:
+    """docs/export.md and torchscan.onnx's docstring list every attribute the hooks replace and
+    every logger they filter: a new hook that is not documented fails here."""
+    _hooks.install()
+    changed = ["torch.onnx.export", "sys.meta_path"]
+    for owner, name, *_ in _hooks._installation.replaced:
+        prefix = (
+            f"{owner.__module__}.{owner.__qualname__}"
+            if isinstance(owner, type)
+            else owner.__name__
+        )
+        changed.append(f"{prefix}.{name}")
+    changed += [logger for logger, _ in _hooks._log_filters()]
+    page = (Path(__file__).parents[2] / "docs" / "export.md").read_text()
+    section = page.split("## What importing torchscan changes in torch", 1)[1].split("\n## ")[0]
+    docstring = " ".join(torchscan.onnx.__doc__.split())
+    for name in changed:
+        assert f"`{name}`" in section, name
+        assert f"``{name}``" in docstring, name
+    assert "`TORCHSCAN_PATCH_TORCH_ONNX=0`" in section
+    assert "``TORCHSCAN_PATCH_TORCH_ONNX``" in docstring
 
 
 # --- operators onnxruntime has no kernel for ----------------------------------------------------

@@ -25,7 +25,7 @@ from torchscan._traced._body import (
     trace_body,
 )
 from torchscan._traced._scan_op import stacked_like
-from torchscan._traced._step_errors import attach, step_of
+from torchscan._traced._step_errors import attach, refuse_without_onnx_hooks, step_of
 
 # -- loop --------------------------------------------------------------------------------------
 
@@ -115,6 +115,7 @@ def _loop_functionalize(ctx, body, trip_count, cond, carries, captured, has_unti
 
 @torchscan_loop.py_impl(ProxyTorchDispatchMode)
 def _loop_trace(mode, body, trip_count, cond, carries, captured, has_until):
+    refuse_without_onnx_hooks(body)
     with disable_proxy_modes_tracing():
         sample_carries = [c.clone() for c in carries]
         reference = next((t for t in (*carries, *captured) if isinstance(t, torch.Tensor)), None)

@@ -24,7 +24,7 @@ from torchscan._traced._body import (
     refuse_mutation,
     trace_body,
 )
-from torchscan._traced._step_errors import attach, step_of
+from torchscan._traced._step_errors import attach, refuse_without_onnx_hooks, step_of
 
 
 class ScanOp(HigherOrderOperator):
@@ -159,6 +159,7 @@ def _functionalize(
 
 @torchscan_scan.py_impl(ProxyTorchDispatchMode)
 def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty):
+    refuse_without_onnx_hooks(body)
     with disable_proxy_modes_tracing():
         # Cloned, so that a closure reference to the initial carry stays the outer value.
         sample_carries = [c.clone() for c in carries]

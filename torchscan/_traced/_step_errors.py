@@ -12,6 +12,7 @@ registered with torch as a frame to keep in it).
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import inspect
@@ -86,6 +87,40 @@ class StepSource:
 
 
 # -- carrying the step with the body -----------------------------------------------------------
+
+
+ONNX_HOOKS_ACTIVE = "__torchscan_hooks_active__"
+"""The attribute of torchscan's lookup of translations in torch.onnx (``onnx/_hooks.py``): a
+function that says whether that lookup is the one installed."""
+
+onnx_export_opset: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "torchscan_target_opset", default=None
+)
+"""The ``opset_version`` (-1 where it names none) of the ``torch.onnx.export`` call in progress
+through torchscan's wrapper or ``torchscan.onnx.export``, which hand torchscan's translations to
+torch.onnx; None outside such a call. Set by ``torchscan._torch_onnx_hook``."""
+
+
+def refuse_without_onnx_hooks(body: Any) -> None:
+    """Refuse a loop traced while torch.onnx exports (a model, or an ``ExportedProgram`` it
+    decomposes) where torch.onnx cannot translate it: the export does not go through torchscan's
+    wrapper or ``torchscan.onnx.export``, and torchscan's hooks are not in torch.onnx's exporter
+    (``TORCHSCAN_PATCH_TORCH_ONNX=0`` or ``uninstall_export_hooks()``)."""
+    if not torch.onnx.is_in_onnx_export() or onnx_export_opset.get() is not None:
+        return
+    lookup = _compat.onnx_registration().ONNXRegistry.get_decomps
+    if getattr(lookup, ONNX_HOOKS_ACTIVE, lambda: False)():
+        return
+    step = step_of(body)
+    api = step.api if step is not None else "torchscan"
+    raise ExportError(
+        f"{api}: torch.onnx.export is exporting a torchscan loop, but torchscan's hooks are not "
+        "installed in torch.onnx (TORCHSCAN_PATCH_TORCH_ONNX=0 was set when torchscan was "
+        "imported, or torchscan.onnx.uninstall_export_hooks() was called), and torch.onnx "
+        "cannot translate the loop without them. Export with torchscan.onnx.export(model, "
+        "args, ...), which takes the arguments of torch.onnx.export and installs the hooks for "
+        "that export only, or call torchscan.onnx.install_export_hooks() first."
+    )
 
 
 def attach(body: Callable, step: StepSource | None) -> Callable:

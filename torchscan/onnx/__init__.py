@@ -4,6 +4,44 @@ Importing ``torchscan`` is all ``torch.onnx.export(model, args, dynamo=True, ops
 needs to turn every ``torchscan.scan`` into one ONNX ``Scan`` node of the version in force at
 ``v``. This package holds the version table and the pieces torch.onnx calls.
 
+What ``import torchscan`` changes in torch, unless the environment variable
+``TORCHSCAN_PATCH_TORCH_ONNX`` is ``0`` (or ``false``, ``no``, ``off``) when it runs; all of it
+is made by :func:`install_export_hooks` and undone by :func:`uninstall_export_hooks`:
+
+* ``torch.onnx.export`` is replaced by a wrapper with its signature and docstring, which passes
+  torchscan's translations in ``custom_translation_table`` (your entries win), records
+  ``opset_version`` for the checks of element types, and raises torchscan's refusals as they
+  are rather than wrapped in torch.onnx's errors;
+* ``sys.meta_path`` gets a finder, first, that installs the hooks below once torch.onnx's exporter
+  (``torch.onnx._internal.exporter._core``) has been imported, then leaves; where the exporter is
+  loaded already, they are installed at once;
+* ``torch.onnx._internal.exporter._registration.ONNXRegistry.get_decomps`` answers torchscan's
+  two operators where the registry has no custom translation of them (an export through a
+  reference to ``torch.onnx.export`` kept from before the import);
+* ``torch.onnx._internal.exporter._dispatching.dispatch`` refuses a node of a loop body that
+  has no translation, naming the step function and its line;
+* ``torch.onnx._internal.exporter._core.onnxscript_apis`` and
+  ``torch.onnx._internal.exporter._onnx_program.onnxscript_apis`` get torchscan's
+  ``convert_version`` and ``optimize``: in every export, with or without a torchscan loop,
+  functions are inlined, every ``Scan`` and ``Loop`` is checked against the opset asked for and
+  its loop-invariant work moved out (:func:`export_options`), a model asked below opset 18 is
+  converted by torchscan, and a warning names the operators onnxruntime has no kernel for;
+* the loggers ``torch.onnx._internal.exporter._compat`` and
+  ``torch.onnx._internal.exporter._registration`` each get a filter that drops one warning: that a
+  model asked below opset 18 may stay at opset 18, and that a translation of torchscan's takes no
+  ONNX signature.
+
+With the hooks off, a model with a torchscan loop exports with :func:`export`, and plain
+``torch.onnx.export`` refuses it: torch.onnx's error holds (and shows) a ``torchscan.ExportError``
+that says how to export it. Whatever the
+setting, ``import torchscan`` registers two higher-order operators with torch,
+``torch.ops.higher_order.torchscan_scan`` and ``torchscan_loop`` (new names, with their kernels
+and fake kernels; nothing of torch's is replaced), which ``scan`` and ``loop`` call under
+``torch.export``; and each loop traced (by ``torch.export``, or on fake tensors for the output
+shapes of a loop that runs no step) adds the file and name of its step function to the frames
+torch keeps in the stack traces of exported nodes
+(``torch.fx.proxy._register_stack_trace_anchor``).
+
 An export imports only what it uses: the check tool (``check`` and its report classes, which need
 ``rich``) and the conversion below opset 18 (``OpsetConversionError``) are imported when first
 used.
@@ -14,6 +52,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from torchscan._torch_onnx_hook import export as export
+from torchscan._torch_onnx_hook import export_hooks_installed as export_hooks_installed
+from torchscan._torch_onnx_hook import install_export_hooks as install_export_hooks
+from torchscan._torch_onnx_hook import uninstall_export_hooks as uninstall_export_hooks
 from torchscan.onnx._hoist import hoist_loop_invariants as hoist_loop_invariants
 from torchscan.onnx._opsets import (
     LOOP_VERSIONS as LOOP_VERSIONS,
@@ -77,8 +119,12 @@ __all__ = [
     "OpsetConversionError",
     "OutputDiff",
     "check",
+    "export",
+    "export_hooks_installed",
     "export_options",
     "hoist_loop_invariants",
+    "install_export_hooks",
     "loop_version",
     "scan_version",
+    "uninstall_export_hooks",
 ]

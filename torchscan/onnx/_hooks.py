@@ -19,6 +19,11 @@ own table, whose entries win). Three private extension points of torch.onnx are 
   opset 18, and warns where the converted model holds an operator version that onnxruntime has
   no kernel for (:func:`warn_onnxruntime_gaps`). A pass over the finished ``ONNXProgram.model``
   would come after the optimizer, and after torch.onnx has written the file the user asked for.
+
+:func:`install` replaces these attributes and adds two log filters (``_drop_stale_warning``,
+``_drop_signature_warning``); :func:`uninstall` puts back what it replaced, where it is still
+torchscan's hook in place. A hook that something else has wrapped since stays in that wrapper and
+passes every call through once it is no longer the installation in force.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +41,46 @@ import onnx_ir as ir
 from torchscan._errors import ExportError
 from torchscan.onnx import _empty_loops, _hoist, _ir, _opsets, _options
 
-_installed = False
+_lock = threading.RLock()
+"""Held while the hooks are put in or taken out; nothing is imported while it is held."""
+
+_installation: _Installation | None = None
+"""The hooks in place in torch.onnx, or None: a hook that finds another installation here (or
+none) passes its call through to what it replaced."""
+
+
+class _Installation:
+    """What one installation of the hooks replaced: ``(owner, attribute, torch's value,
+    torchscan's value)`` for each attribute of torch.onnx's exporter, and the log filters."""
+
+    def __init__(self) -> None:
+        self.replaced: list[tuple[Any, str, Any, Any]] = []
+
+    def replace(self, owner: Any, name: str, ours: Any) -> None:
+        self.replaced.append((owner, name, getattr(owner, name), ours))
+        setattr(owner, name, ours)
+
+    def undo(self) -> None:
+        for owner, name, original, ours in reversed(self.replaced):
+            # Where something else has replaced torchscan's hook since, the hook stays in its
+            # chain and passes every call through (it is no longer the installation in place).
+            if getattr(owner, name) is ours:
+                setattr(owner, name, original)
+        for logger, log_filter in _log_filters():
+            logging.getLogger(logger).removeFilter(log_filter)
+
+
+def _active(installation: _Installation) -> bool:
+    return _installation is installation
+
+
+def _log_filters() -> list[tuple[str, Any]]:
+    from torchscan import _compat
+
+    return [
+        (_compat.ONNX_OPSET_WARNING[0], _drop_stale_warning),
+        (_compat.ONNX_SIGNATURE_WARNING[0], _drop_signature_warning),
+    ]
 
 
 def translations() -> dict[Any, Any]:
@@ -50,32 +95,63 @@ def translations() -> dict[Any, Any]:
     }
 
 
+def installed() -> bool:
+    """Whether the hooks are in place in torch.onnx's exporter."""
+    return _installation is not None
+
+
 def install() -> None:
-    """Install the fallback lookup of translations and the conversion hook in torch.onnx (once
-    per process)."""
-    global _installed
-    if _installed:
+    """Install the fallback lookup of translations, the refusal of a loop-body node without a
+    translation, the conversion hook and the two log filters in torch.onnx's exporter; a second
+    call changes nothing. Imports torch.onnx's exporter."""
+    global _installation
+    if _installation is not None:
         return
     from torchscan import _compat
 
-    registration, core, program = (
+    # Imported before the lock is taken: importing torch.onnx's exporter may run torchscan's
+    # import hook (``torchscan._torch_onnx_hook``), which installs the hooks in this thread.
+    registration, core, program, dispatching = (
         _compat.onnx_registration(),
         _compat.onnx_core(),
         _compat.onnx_program(),
+        _compat.onnx_dispatching(),
     )
-    if _installed:
-        # Importing torch.onnx's exporter just now ran torchscan's import hook, which installed
-        # the hooks: a second install would wrap them in themselves.
-        return
-    registration.ONNXRegistry.get_decomps = _with_translations(
-        registration.ONNXRegistry.get_decomps, translations(), registration.OnnxDecompMeta
-    )
-    core.onnxscript_apis = program.onnxscript_apis = _ConvertingAPIs(core.onnxscript_apis)
-    dispatching = _compat.onnx_dispatching()
-    dispatching.dispatch = _naming_the_step(dispatching.dispatch)
-    logging.getLogger(_compat.ONNX_OPSET_WARNING[0]).addFilter(_drop_stale_warning)
-    logging.getLogger(_compat.ONNX_SIGNATURE_WARNING[0]).addFilter(_drop_signature_warning)
-    _installed = True
+    table = translations()
+    with _lock:
+        if _installation is not None:
+            return  # installed meanwhile: a second install would wrap the hooks in themselves
+        installation = _Installation()
+        installation.replace(
+            registration.ONNXRegistry,
+            "get_decomps",
+            _with_translations(
+                registration.ONNXRegistry.get_decomps,
+                table,
+                registration.OnnxDecompMeta,
+                installation,
+            ),
+        )
+        apis = _ConvertingAPIs(core.onnxscript_apis, installation)
+        installation.replace(core, "onnxscript_apis", apis)
+        installation.replace(program, "onnxscript_apis", apis)
+        installation.replace(
+            dispatching, "dispatch", _naming_the_step(dispatching.dispatch, installation)
+        )
+        for logger, log_filter in _log_filters():
+            logging.getLogger(logger).addFilter(log_filter)
+        _installation = installation
+
+
+def uninstall() -> None:
+    """Put back what :func:`install` replaced in torch.onnx's exporter and remove the log
+    filters; nothing where the hooks are not installed."""
+    global _installation
+    with _lock:
+        if _installation is None:
+            return
+        installation, _installation = _installation, None
+        installation.undo()
 
 
 def _drop_signature_warning(record: logging.LogRecord) -> bool:
@@ -98,7 +174,9 @@ def _drop_stale_warning(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith(_compat.ONNX_OPSET_WARNING[1])
 
 
-def _with_translations(get_decomps: Any, table: dict, meta: type) -> Any:
+def _with_translations(
+    get_decomps: Any, table: dict, meta: type, installation: _Installation
+) -> Any:
     """``ONNXRegistry.get_decomps`` that falls back on ``table`` (operator -> translation) for an
     operator the registry has no custom translation of."""
     metas = {
@@ -117,14 +195,18 @@ def _with_translations(get_decomps: Any, table: dict, meta: type) -> Any:
     @functools.wraps(get_decomps)
     def lookup(registry: Any, target: Any) -> Any:
         found = get_decomps(registry, target)
-        if any(meta.is_custom for meta in found):  # custom_translation_table's
-            return found
+        if not _active(installation) or any(meta.is_custom for meta in found):
+            return found  # custom_translation_table's, or the hooks were uninstalled
         return next((ours for op, ours in metas.items() if target is op), found)
 
+    # what torchscan's traced operators read to refuse a loop where the hooks are not in place
+    from torchscan._traced._step_errors import ONNX_HOOKS_ACTIVE
+
+    setattr(lookup, ONNX_HOOKS_ACTIVE, lambda: _active(installation))
     return lookup
 
 
-def _naming_the_step(dispatch: Any) -> Any:
+def _naming_the_step(dispatch: Any, installation: _Installation) -> Any:
     """torch.onnx's choice of a translation for a node (``_dispatching.dispatch``), which
     refuses a node of a loop body that has none in torchscan's words, naming the step function,
     its line and the operator the user called."""
@@ -132,7 +214,7 @@ def _naming_the_step(dispatch: Any) -> Any:
     @functools.wraps(dispatch)
     def dispatch_or_refuse(node: Any, registry: Any) -> Any:
         function, message = dispatch(node, registry)
-        if function is None:
+        if function is None and _active(installation):
             from torchscan._traced import _step_errors
 
             refusal = _step_errors.untranslatable(node)
@@ -155,13 +237,16 @@ class _ConvertingAPIs:
 
     _CONVERTED = "torchscan.converted_down"
 
-    def __init__(self, apis: Any) -> None:
+    def __init__(self, apis: Any, installation: _Installation) -> None:
         self._apis = apis
+        self._installation = installation
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._apis, name)
 
     def convert_version(self, model: ir.Model, target_version: int) -> ir.Model:
+        if not _active(self._installation):
+            return self._apis.convert_version(model, target_version)
         converted = self._convert_version(model, target_version)
         warn_onnxruntime_gaps(converted)
         return converted
@@ -195,7 +280,7 @@ class _ConvertingAPIs:
         return converted
 
     def optimize(self, model: ir.Model) -> ir.Model:
-        if model.meta.get(self._CONVERTED):
+        if model.meta.get(self._CONVERTED) and _active(self._installation):
             return model
         return self._apis.optimize(model)
 
