@@ -1,9 +1,17 @@
-"""Every Python example in README.md and docs/ runs, and the README's set-up stays true."""
+"""Every Python example in README.md and docs/ runs, the README's set-up stays true, and the
+documentation site (mkdocs.yml) holds every page and every public name.
+
+The site itself is built by ``tox -e docs`` and CI (``mkdocs build --strict``), which need the
+``docs`` extra; these tests need none of it.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import re
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -42,12 +50,65 @@ def test_export_page_has_the_current_opset_table() -> None:
     assert generated.strip() == markdown_table().strip()
 
 
-def test_reference_page_matches_the_docstrings() -> None:
-    import importlib.util
+def test_site_hook_generates_the_opset_table() -> None:
+    from torchscan.onnx._opsets import markdown_table
 
-    spec = importlib.util.spec_from_file_location("reference", ROOT / "tools" / "reference.py")
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
-    assert (ROOT / "docs" / "reference.md").read_text() == reference.render(), (
-        "docs/reference.md is out of date: run python tools/reference.py"
-    )
+    hooks = _load(ROOT / "docs" / "_hooks.py")
+    start, end = "<!-- opset-table: generated -->\n", "<!-- end of opset-table -->"
+    stale = f"before\n{start}| an old table |\n{end}\nafter\n"
+    assert hooks.on_page_markdown(stale) == f"before\n{start}{markdown_table()}{end}\nafter\n"
+    assert hooks.on_page_markdown("no table\n") == "no table\n"
+    with pytest.raises(ValueError, match="end of opset-table"):
+        hooks.on_page_markdown(f"{start}| a table without its end |\n")
+
+
+def test_every_page_is_in_the_site_nav() -> None:
+    nav = _nav_pages()
+    assert len(nav) == len(set(nav)), "a page is twice in the nav of mkdocs.yml"
+    pages = sorted(str(p.relative_to(ROOT / "docs")) for p in PAGES if p.parent != ROOT)
+    assert sorted(nav) == pages, "mkdocs.yml's nav and the pages under docs/ differ"
+
+
+def test_reference_page_renders_every_public_name() -> None:
+    import torchscan
+    import torchscan.onnx
+    import torchscan.theano
+
+    modules = [torchscan, torchscan.theano, torchscan.onnx]
+    page = (ROOT / "docs" / "reference.md").read_text()
+    directives = re.findall(r"^::: (\S+)$", page, re.MULTILINE)
+    # One section per module, in this order, opened by the module's own line: the names of the
+    # module's __all__, each once, in the order that reads best.
+    module_names = [module.__name__ for module in modules]
+    assert [d for d in directives if d in module_names] == module_names
+    assert directives[0] == module_names[0]
+    sections: dict[str, list[str]] = {}
+    for directive in directives:
+        if directive in module_names:
+            section = sections[directive] = []
+        else:
+            section.append(directive)
+    for module in modules:
+        public = [f"{module.__name__}.{name}" for name in module.__all__]
+        assert sorted(sections[module.__name__]) == sorted(public), (
+            f"docs/reference.md must have one '::: name' line for each name of "
+            f"{module.__name__}.__all__, after '::: {module.__name__}'"
+        )
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isfunction(obj) or inspect.isclass(obj):
+                assert obj.__doc__, f"{module.__name__}.{name} has no docstring"
+
+
+def _nav_pages() -> list[str]:
+    """The pages in the nav of mkdocs.yml (read without a YAML parser, which the tests lack)."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    nav = re.split(r"\n(?=\S)", config.split("\nnav:\n", 1)[1], maxsplit=1)[0]
+    return re.findall(r"^\s*- (?:[^\n]*: )?(\S+\.md)$", nav, re.MULTILINE)
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

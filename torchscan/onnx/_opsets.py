@@ -81,6 +81,8 @@ SCAN_23 = OpVersion("Scan", 23, "float4e2m1", negative_axes=True)
 SCAN_24 = OpVersion("Scan", 24, "float8e8m0", negative_axes=True)
 SCAN_25 = OpVersion("Scan", 25, "int2, uint2", negative_axes=True)
 SCAN_VERSIONS = (SCAN_8, SCAN_9, SCAN_11, SCAN_16, SCAN_19, SCAN_21, SCAN_23, SCAN_24, SCAN_25)
+"""Every version of ``Scan`` torchscan knows, oldest first: the one in force at an opset is the
+newest whose ``since`` is not above it (:func:`scan_version`)."""
 
 LOOP_1 = OpVersion("Loop", 1, "first version")
 LOOP_11 = OpVersion("Loop", 11, "loop-carried values are optional: 2 inputs or more")
@@ -92,6 +94,8 @@ LOOP_23 = OpVersion("Loop", 23, "float4e2m1")
 LOOP_24 = OpVersion("Loop", 24, "float8e8m0")
 LOOP_25 = OpVersion("Loop", 25, "int2, uint2")
 LOOP_VERSIONS = (LOOP_1, LOOP_11, LOOP_13, LOOP_16, LOOP_19, LOOP_21, LOOP_23, LOOP_24, LOOP_25)
+"""Every version of ``Loop`` torchscan knows, oldest first: the one in force at an opset is the
+newest whose ``since`` is not above it (:func:`loop_version`)."""
 
 
 def _in_force(versions: tuple[OpVersion, ...], opset: int) -> OpVersion:

@@ -80,16 +80,18 @@ def map(
     ``map(fn, seqs, non_seqs, ...)`` is ``scan(fn, seqs, outputs_info=None, non_sequences=
     non_seqs, ...)``: ``[fn(*slices_t, *non_seqs) for t in steps]``, each output stacked.
 
+    ``sequences``, ``non_sequences``, ``truncate_gradient``, ``go_backwards``, ``mode`` and
+    ``name`` are the arguments of :func:`scan`.
+
     Args:
         fn: called with the slices of every sequence (by their taps), then ``non_sequences``.
-        sequences, non_sequences, truncate_gradient, go_backwards, mode, name: as in
-            :func:`scan`.
 
     Returns:
         ``(outputs, updates)`` as :func:`scan` returns them.
 
     Raises:
-        TypeError, ValueError: as :func:`scan`.
+        TypeError: as :func:`scan`.
+        ValueError: as :func:`scan`.
     """
     return scan(
         fn,
@@ -171,9 +173,7 @@ def reduce(
             )
             return [out[-1] for out in outputs], updates
 
-    Args:
-        fn, sequences, outputs_info, non_sequences, go_backwards, mode, name: as in
-            :func:`scan`.
+    The arguments are those of :func:`scan`.
 
     Returns:
         ``(outputs, updates)``: the value of each output after the last step (a tensor when
@@ -182,8 +182,9 @@ def reduce(
         the value just before step 0).
 
     Raises:
-        TypeError, ValueError: as :func:`scan`; ValueError also when no step runs and an
-        output is not fed back, so it has no value.
+        TypeError: as :func:`scan`.
+        ValueError: as :func:`scan`, and when no step runs and an output is not fed back, so
+            it has no value.
     """
     del mode, name
     return _reduce("reduce", fn, sequences, outputs_info, non_sequences, go_backwards)
@@ -275,14 +276,14 @@ def foldl(
     As Haskell's ``foldl``: ``foldl(fn, [x0, x1], z)`` is ``fn(x1, fn(x0, z))``, and ``z`` for
     no element.
 
-    Args:
-        fn, sequences, outputs_info, non_sequences, mode, name: as in :func:`scan`.
+    The arguments are those of :func:`scan`.
 
     Returns:
         ``(outputs, updates)`` as :func:`reduce` returns them.
 
     Raises:
-        TypeError, ValueError: as :func:`reduce`.
+        TypeError: as :func:`reduce`.
+        ValueError: as :func:`reduce`.
     """
     del mode, name
     return _reduce("foldl", fn, sequences, outputs_info, non_sequences, False)
@@ -345,14 +346,14 @@ def foldr(
     As Haskell's ``foldr`` (with the arguments in Theano's order): ``foldr(fn, [x0, x1], z)`` is
     ``fn(x0, fn(x1, z))``, and ``z`` for no element.
 
-    Args:
-        fn, sequences, outputs_info, non_sequences, mode, name: as in :func:`scan`.
+    The arguments are those of :func:`scan`.
 
     Returns:
         ``(outputs, updates)`` as :func:`reduce` returns them.
 
     Raises:
-        TypeError, ValueError: as :func:`reduce`.
+        TypeError: as :func:`reduce`.
+        ValueError: as :func:`reduce`.
     """
     del mode, name
     return _reduce("foldr", fn, sequences, outputs_info, non_sequences, True)

@@ -174,8 +174,11 @@ def scan(
             the last ``k`` is known once the scan stops, so every step is recorded and the
             backward pass skips those before the window. Exported models ignore it.
         go_backwards: run from the end of the sequences to their start.
-        mode, name, profile, allow_gc: Theano's compilation and profiling settings; accepted,
-            and without effect in PyTorch.
+        mode: Theano's compilation mode; accepted, and without effect in PyTorch.
+        name: the name Theano gives the scan in profiles; accepted, without effect.
+        profile: Theano's profiling switch, a bool; accepted, without effect.
+        allow_gc: Theano's garbage-collection setting, a bool or ``None``; accepted, without
+            effect.
         strict: refuse a ``fn`` that reads tensors it was not given (see above).
 
     Returns:
