@@ -112,6 +112,8 @@ def check_int(api: str, name: str, value: Any, *, symbolic: bool = False) -> Any
     it is."""
     if symbolic and isinstance(value, torch.SymInt):
         return value
+    if type(value) is int:
+        return value  # as it is: torch.compile keeps an int symbolic, operator.index not
     if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
         return int(value)
     if not isinstance(value, (bool, torch.Tensor)):

@@ -168,6 +168,9 @@ def run_scan(
         sequences = [torch.empty(length, 0, device=device_of([*carry, *y0]))]
     carry_codec, y_codec = _Codec.of(carry), _Codec.of(y0)
     carry = [_fresh(c) for c in carry_codec.encode(carry)]
+    n_carry = len(carry)
+    if not carry:  # torch's scan needs a carry
+        carry = [torch.zeros((), device=sequences[0].device)]
 
     def combine(c: list[torch.Tensor], x: list[torch.Tensor]) -> Any:
         it = iter(x)
@@ -175,15 +178,15 @@ def run_scan(
             [None] * len(present) if dummy else [next(it) if p else None for p in present],
             xs_spec,
         )
-        out = fn(carry_flat.build(carry_codec.decode(c)), item)
+        out = fn(carry_flat.build(carry_codec.decode(c[:n_carry])), item)
         protocol.has_until(out, expected=False)
-        new_carry = carry_codec.encode(carry_flat.tensors(out[0]))
+        new_carry = carry_codec.encode(carry_flat.tensors(out[0])) if n_carry else [c[0] + 0]
         return [_fresh(t) for t in new_carry], [
             _fresh(t) for t in y_codec.encode(y_flat.tensors(out[1]))
         ]
 
     final, ys = _compat.scan_operator()(combine, carry, sequences, dim=0, reverse=reverse)
-    final, ys = carry_codec.decode(final), y_codec.decode(ys)
+    final, ys = carry_codec.decode(final[:n_carry]), y_codec.decode(ys)
     if reverse and not realign:
         ys = [y.flip(0) for y in ys]
     return carry_flat.build(final), y_flat.build([y.movedim(0, axis) for y in ys])
@@ -209,8 +212,6 @@ def run_loop(
     """
     carry_flat, carry = _Flat.of(init)
     y_flat, y0 = _Flat.of(out0[1])
-    if length is None and y0:
-        raise AssertionError("a loop with no limit cannot have outputs to stack")
     buffers = [y.new_zeros((length, *y.shape)) for y in y0]
     n_carry = len(carry)
     zero = torch.zeros((), dtype=torch.int64, device=device)

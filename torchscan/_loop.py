@@ -165,9 +165,7 @@ def _compiled_loop(body: Callable, carry_type: _checks.CarryType, trips: Any) ->
         return carry, _OUTPUTS.stack(ys, 0)
     init = carry_type.init
     if has_until:
-        return _compiled.run_loop(
-            call, _PROTOCOL, init, out, lambda i: i, trips, False, 0, device
-        )
+        return _compiled.run_loop(call, _PROTOCOL, init, out, lambda i: i, trips, False, 0, device)
     counter = torch.arange(trips, device=device)
     return _compiled.run_scan(
         call, _PROTOCOL, init, out, [counter], _pytree.tree_structure(first), trips, False, True, 0
@@ -225,9 +223,12 @@ def _counter(trips: int | None, device: torch.device) -> Iterator[torch.Tensor]:
 def _empty_ys(body: Callable, carry_type: _checks.CarryType, trip_count: Any) -> Any:
     """``ys`` of a loop that runs no iteration, with the shapes ``body`` would give them."""
     i = torch.zeros((), dtype=torch.int64, device=_device(carry_type.leaves))
-    out = _OUTPUTS.call_on_fake(
-        "no iteration runs", _traced.on_fake_tensors(body), i, carry_type.init
-    )
+    if torch.compiler.is_dynamo_compiling():
+        out = body(i, carry_type.init)  # traced for its shapes only: the compiler drops it
+    else:
+        out = _OUTPUTS.call_on_fake(
+            "no iteration runs", _traced.on_fake_tensors(body), i, carry_type.init
+        )
     if trip_count is None and not _PROTOCOL.has_until(out):
         raise TorchscanValueError(_NEVER_ENDS)
     return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, carry_type, 0), 0)

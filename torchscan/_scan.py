@@ -123,11 +123,21 @@ def scan(
 
 
 def scan_in_order(
-    fn: Callable, init: Any, xs: Any, *, length: Any, axis: Any, reverse: bool, realign: bool
+    fn: Callable,
+    init: Any,
+    xs: Any,
+    *,
+    length: Any,
+    axis: Any,
+    reverse: bool,
+    realign: bool,
+    loop_operator: bool = True,
 ) -> tuple[Any, Any]:
-    """``scan``, with a choice the public function does not offer: ``realign=False`` leaves
+    """``scan``, with choices the public function does not offer: ``realign=False`` leaves
     ``ys`` in the order the steps ran when ``reverse`` (Theano's ``go_backwards``), where ``scan``
-    aligns them with ``xs``. Exported, that is ``scan_output_directions`` 0 instead of 1."""
+    aligns them with ``xs``. Exported, that is ``scan_output_directions`` 0 instead of 1.
+    ``loop_operator=False`` keeps the steps as they are under ``torch.compile``, for a ``fn``
+    that changes Python state (which torch's loop operators refuse)."""
     _checks.check_callable(_API, "fn", fn)
     reverse = _checks.check_bool(_API, "reverse", reverse)
     _checks.refuse_torchscript(_API)
@@ -140,7 +150,7 @@ def scan_in_order(
         )
     if plan.length == 0:
         return init, _empty_ys(fn, init, plan, axis)
-    if torch.compiler.is_dynamo_compiling():
+    if torch.compiler.is_dynamo_compiling() and loop_operator:
         return _compiled_scan(fn, plan, axis, reverse, realign)
     steps = _slices(plan)
     carry, ys = _PROTOCOL.run(
@@ -189,9 +199,7 @@ def _compiled_scan(fn: Callable, plan: _Plan, axis: int, reverse: bool, realign:
         return _compiled.run_loop(
             fn, _PROTOCOL, init, out, take, n, reverse and realign, axis, device
         )
-    return _compiled.run_scan(
-        fn, _PROTOCOL, init, out, xs, plan.xs_spec, n, reverse, realign, axis
-    )
+    return _compiled.run_scan(fn, _PROTOCOL, init, out, xs, plan.xs_spec, n, reverse, realign, axis)
 
 
 _Plan = _checks.ScanPlan
@@ -232,7 +240,11 @@ def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: int) -> Any:
         ],
         plan.xs_spec,
     )
-    out = _OUTPUTS.call_on_fake("xs has length 0", _traced.on_fake_tensors(fn), init, fake_x)
+    if torch.compiler.is_dynamo_compiling():
+        # Traced for its shapes only: the compiler drops the computation.
+        out = fn(init, _pytree.tree_map(torch.zeros_like, fake_x))
+    else:
+        out = _OUTPUTS.call_on_fake("xs has length 0", _traced.on_fake_tensors(fn), init, fake_x)
     return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, plan.carry_type, axis), axis)
 
 

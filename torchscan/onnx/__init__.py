@@ -6,7 +6,7 @@ needs to turn every ``torchscan.scan`` into one ONNX ``Scan`` node of the versio
 
 What ``import torchscan`` changes in torch, unless the environment variable
 ``TORCHSCAN_PATCH_TORCH_ONNX`` is ``0`` (or ``false``, ``no``, ``off``) when it runs; all of it
-is made by :func:`install_export_hooks` and undone by :func:`uninstall_export_hooks`:
+is made by :func:`torchscan.onnx.install_export_hooks` and undone by :func:`torchscan.onnx.uninstall_export_hooks`:
 
 * ``torch.onnx.export`` is replaced by a wrapper with its signature and docstring, which passes
   torchscan's translations in ``custom_translation_table`` (your entries win), records
@@ -31,7 +31,7 @@ is made by :func:`install_export_hooks` and undone by :func:`uninstall_export_ho
   model asked below opset 18 may stay at opset 18, and that a translation of torchscan's takes no
   ONNX signature.
 
-With the hooks off, a model with a torchscan loop exports with :func:`export`, and plain
+With the hooks off, a model with a torchscan loop exports with :func:`torchscan.onnx.export`, and plain
 ``torch.onnx.export`` refuses it: torch.onnx's error holds (and shows) a ``torchscan.ExportError``
 that says how to export it. Whatever the
 setting, ``import torchscan`` registers two higher-order operators with torch,

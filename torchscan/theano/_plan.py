@@ -33,6 +33,7 @@ class _Plan:
     non_sequences: list[Any]
     strict: bool
     last_stop: Until | None = None
+    records_stop: bool = False  # whether step keeps its until in last_stop
 
     def __post_init__(self) -> None:
         self.n_outputs = len(self.outputs) or None
@@ -92,13 +93,16 @@ class _Plan:
     def as_fn(self, step: Callable) -> Callable:
         """``step``, marked (``__wrapped__``) as standing for ``fn``: refusals of what a step
         does while a model is exported name ``fn`` and its lines."""
+        if torch.compiler.is_dynamo_compiling():
+            return step  # TorchDynamo cannot set attributes of a partial; nothing is exported
         marked = functools.partial(step)
         marked.__wrapped__ = self.fn  # type: ignore[attr-defined]
         return marked
 
     def step(self, states: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
         values, stop = self.call(states, x or ())
-        self.last_stop = stop
+        if self.records_stop:  # a change of state torch.compile's loop operators refuse
+            self.last_stop = stop
         new = (self.next_states(states, values), tuple(values))
         return (*new, stop) if stop is not None else new
 
@@ -174,12 +178,15 @@ class _Plan:
                 axis=0,
                 reverse=False,
                 realign=False,
+                loop_operator=False,  # the gates count the steps: a change of Python state
             )
             if before:
                 ys = [torch.cat([a, b]) for a, b in zip(before, ys, strict=True)]
             return carry, list(ys)
 
+        self.records_stop = True
         states, ys = piece(self.initial_states(), 0, 1, gated)
+        self.records_stop = False
         if self.last_stop is None:
             cut = n_steps - k  # >= 1: step 0 is before the window
             states = tuple(_detach(s) for s in states)

@@ -1,0 +1,370 @@
+"""``scan`` and ``loop`` under ``torch.compile`` (torchscan/_compiled.py): one loop operator in the
+compiled graph, the same results and gradients as eagerly, and graph breaks in the step.
+
+Every expected value comes from the same function run eagerly, whose own tests compare it with a
+Python loop (tests/test_scan.py, tests/test_loop.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import torchscan
+import torchscan.theano
+
+Pair = collections.namedtuple("Pair", "a b")
+
+TORCH_2_15 = torch.__version__ >= "2.15"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class GraphRecorder:
+    """A ``torch.compile`` backend that keeps every graph it is given and runs it as it is."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
+        self.graphs.append(gm)
+        return gm.forward
+
+    def targets(self) -> list[Any]:
+        return [
+            node.target
+            for gm in self.graphs
+            for module in gm.modules()
+            if isinstance(module, torch.fx.GraphModule)
+            for node in module.graph.nodes
+            if node.op == "call_function"
+        ]
+
+    def loop_operators(self) -> list[Any]:
+        loops = (torch.ops.higher_order.scan, torch.ops.higher_order.while_loop)
+        return [t for t in self.targets() if t in loops]
+
+
+def compiled(fn: Callable, backend: Any = "aot_eager", **options: Any) -> Callable:
+    return torch.compile(fn, backend=backend, **options)
+
+
+# -- the same results, one loop operator -------------------------------------------------------
+
+W = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) / 2
+
+
+def elman(h, x):
+    h = torch.tanh(h @ W + x)
+    return h, h
+
+
+def dict_step(c, x):
+    h = torch.tanh(c["h"] @ W + x)
+    return {"h": h, "n": c["n"] + 1, "none": None}, (h, None, {"s": h.sum()})
+
+
+def pair_step(c, x):
+    return Pair(c.a + x, c.b * 1.5), c.a.sum()
+
+
+def alias_step(c, x):
+    return c, c  # the carry unchanged, returned twice
+
+
+def x_step(c, x):
+    return c + x, x  # x itself as output
+
+
+def int_step(c, x):
+    return (c[0] + 1, c[1] * x), c[0]  # an int64 carry beyond 2**32
+
+
+def bool_step(c, x):
+    return c + x, c > 0
+
+
+SCANS: dict[str, Callable[[torch.Tensor], Any]] = {
+    "tensor": lambda xs: torchscan.scan(elman, torch.zeros(4), xs),
+    "tensor reverse": lambda xs: torchscan.scan(elman, torch.zeros(4), xs, reverse=True),
+    "axis 1": lambda xs: torchscan.scan(elman, torch.zeros(4), xs.T.contiguous().T, axis=0),
+    "axis -1": lambda xs: torchscan.scan(
+        lambda c, x: (c + x, (c * x)[None]), torch.zeros(4), xs.T, axis=-1
+    ),
+    "dict carry, None leaves": lambda xs: torchscan.scan(
+        dict_step, {"h": torch.zeros(4), "n": torch.zeros((), dtype=torch.int64), "none": None}, xs
+    ),
+    "namedtuple": lambda xs: torchscan.scan(pair_step, Pair(xs[0], torch.ones(())), xs),
+    "carry returned unchanged": lambda xs: torchscan.scan(alias_step, xs[0], xs),
+    "x returned": lambda xs: torchscan.scan(x_step, xs[0], xs),
+    "int64 carry": lambda xs: torchscan.scan(int_step, (torch.tensor(2**40), xs[0]), xs),
+    "bool y, reverse": lambda xs: torchscan.scan(bool_step, xs[0], xs, reverse=True),
+    "no carry": lambda xs: torchscan.scan(lambda c, x: (None, x * 2), None, xs),
+    "no xs": lambda xs: torchscan.scan(lambda c, x: (c + 1, c), torch.zeros(2), length=xs.shape[0]),
+    "empty y": lambda xs: torchscan.scan(lambda c, x: (c + x, ()), xs[0], xs),
+    "nested": lambda xs: torchscan.scan(
+        lambda c, x: (c + x, torchscan.scan(lambda d, z: (d * z, d), c, x[:, None])[1]),
+        xs[0] * 0,
+        xs,
+    ),
+    "until": lambda xs: torchscan.scan(
+        lambda c, x: (c + x, c * 2, torchscan.until(c.sum() > 2)), torch.zeros(4), xs
+    ),
+    "until reverse": lambda xs: torchscan.scan(
+        lambda c, x: (c + x, {"c": c}, torchscan.until(c.sum() > 2)),
+        torch.zeros(4),
+        xs,
+        reverse=True,
+    ),
+    "loop": lambda xs: torchscan.loop(
+        lambda i, c: ((c[0] + c[1], c[1] * 0.5), (c[0], i)),
+        (xs[0], xs[1]),
+        trip_count=xs.shape[0],
+    ),
+    "loop with until": lambda xs: torchscan.loop(
+        lambda i, c: (c * 1.5, c.sum(), torchscan.until(c.sum() > 20)),
+        xs[0].abs() + 1,
+        trip_count=xs.shape[0],
+    ),
+    "loop with until, no limit": lambda xs: torchscan.loop(
+        lambda i, c: (c + 1, None, torchscan.until(c.sum() > 10)), xs[0]
+    ),
+    "theano go_backwards": lambda xs: torchscan.theano.scan(
+        lambda x, h: torch.tanh(h @ W + x),
+        sequences=xs,
+        outputs_info=torch.zeros(4),
+        go_backwards=True,
+    ),
+}
+
+
+def sequences(length: int) -> torch.Tensor:
+    return torch.randn(length, 4, generator=torch.Generator().manual_seed(length))
+
+
+@pytest.mark.parametrize("name", list(SCANS))
+def test_fullgraph_compiles_one_loop_operator_with_the_eager_results(name: str) -> None:
+    fn = SCANS[name]
+    recorder = GraphRecorder()
+    run = compiled(fn, recorder, fullgraph=True, dynamic=True)
+    for length in (5, 9):
+        xs = sequences(length)
+        torch.testing.assert_close(run(xs), fn(xs), rtol=0, atol=0)
+    assert len(recorder.graphs) == 1  # one compilation serves both lengths
+    # A nested scan is in the outer body, and in its first step traced on its own, which the
+    # compiler drops later.
+    assert len(recorder.loop_operators()) == (3 if name == "nested" else 1)
+
+
+def test_the_compiled_graph_does_not_grow_with_the_length() -> None:
+    sizes = {}
+    for length in (10, 100):
+        torch._dynamo.reset()
+        recorder = GraphRecorder()
+        compiled(SCANS["dict carry, None leaves"], recorder, fullgraph=True)(sequences(length))
+        sizes[length] = len(recorder.targets())
+    assert sizes[10] == sizes[100]
+
+
+def loop_of(trips: int) -> Callable:
+    def fn(xs):
+        return torchscan.loop(
+            lambda i, c: (c * 1.5, {"c": c, "i": i}, torchscan.until(c.sum() > 20)),
+            xs[0],
+            trip_count=trips,
+        )
+
+    return fn
+
+
+@pytest.mark.parametrize("length", [0, 1])
+@pytest.mark.parametrize("name", ["dict carry, None leaves", "until", "loop with until"])
+def test_zero_steps_and_one_step_compile(name: str, length: int) -> None:
+    fn = loop_of(length) if name.startswith("loop") else SCANS[name]
+    xs = sequences(max(length, 1) if name.startswith("loop") else length)
+    torch.testing.assert_close(compiled(fn, fullgraph=True)(xs), fn(xs), rtol=0, atol=0)
+
+
+def test_inductor_compiles_the_scan_as_a_loop_for_every_length() -> None:
+    fn = SCANS["tensor reverse"]
+    run = compiled(fn, "inductor", fullgraph=True, dynamic=True)
+    for length in (3, 50):
+        torch.testing.assert_close(run(sequences(length)), fn(sequences(length)))
+
+
+def test_inductor_compiles_until_as_a_while_loop() -> None:
+    fn = SCANS["until reverse"]
+    run = compiled(fn, "inductor", fullgraph=True)
+    with torch.no_grad():
+        for length in (3, 50):
+            torch.testing.assert_close(run(sequences(length)), fn(sequences(length)))
+
+
+# -- gradients ---------------------------------------------------------------------------------
+
+
+class RNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = torch.nn.RNNCell(4, 4)
+        self.readout = torch.nn.Linear(4, 2)
+
+    def forward(self, h: torch.Tensor, xs: torch.Tensor) -> Any:
+        def step(h, x):
+            h = self.cell(x, h)
+            return h, self.readout(h)
+
+        return torchscan.scan(step, h, xs, axis=1)
+
+
+def gradients(model: torch.nn.Module, out: Any, inputs: tuple[torch.Tensor, ...]) -> tuple:
+    loss = out[0].sum() + out[1].pow(2).sum()
+    return torch.autograd.grad(loss, (*model.parameters(), *inputs))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("donated_buffer", [True, False], ids=["donated", "not donated"])
+def test_gradients_match_eager(backend: str, donated_buffer: bool) -> None:
+    torch.manual_seed(0)
+    model = RNN()
+    h = torch.randn(3, 4, requires_grad=True)
+    xs = torch.randn(3, 6, 4, requires_grad=True)
+    recorder = GraphRecorder()
+
+    def record(gm, example_inputs):
+        recorder(gm, example_inputs)
+        return gm.forward if backend == "aot_eager" else _inductor(gm, example_inputs)
+
+    options = torch._functorch.config.patch(donated_buffer=donated_buffer)
+    with options:
+        out = compiled(model, record, fullgraph=True)(h, xs)
+        actual = gradients(model, out, (h, xs))
+    expected = gradients(model, model(h, xs), (h, xs))
+    torch.testing.assert_close(actual, expected)
+    # Before torch 2.15, Inductor gets these gradients wrong through a loop operator while it
+    # donates buffers (pytorch#153679): the steps are then traced one by one instead.
+    one_loop = TORCH_2_15 or not donated_buffer
+    assert bool(recorder.loop_operators()) == one_loop
+
+
+def _inductor(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs)
+
+
+def test_gradients_through_int_and_bool_leaves_match_eager() -> None:
+    xs = torch.randn(6, 4, requires_grad=True)
+
+    def fn(xs):
+        carry, (n, positive) = torchscan.scan(
+            lambda c, x: ((c[0] + 1, c[1] * x), (c[0], c[1] > 0)), (torch.tensor(2**40), xs[0]), xs
+        )
+        return carry, n, positive
+
+    with torch._functorch.config.patch(donated_buffer=False):
+        actual = compiled(fn, fullgraph=True)(xs)
+        grad = torch.autograd.grad(actual[0][1].sum(), xs)
+    expected = fn(xs)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    torch.testing.assert_close(grad, torch.autograd.grad(expected[0][1].sum(), xs))
+
+
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_until_while_recording_gradients_traces_the_steps_with_the_eager_gradients() -> None:
+    # torch.while_loop's gradients reach only the last iteration's use of what its body reads
+    # from outside, so with until the steps are traced one by one while gradients are recorded.
+    xs = torch.rand(6, 4, requires_grad=True)
+    fn = SCANS["until"]
+    recorder = GraphRecorder()
+    out = compiled(fn, recorder)(xs)
+    expected = fn(xs)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(
+        torch.autograd.grad(out[1].sum(), xs), torch.autograd.grad(expected[1].sum(), xs)
+    )
+    assert recorder.loop_operators() == []
+
+
+# -- graph breaks ------------------------------------------------------------------------------
+
+
+def graph_break(h: torch.Tensor) -> torch.Tensor:
+    torch._dynamo.graph_break()
+    return h
+
+
+def printed(h: torch.Tensor) -> torch.Tensor:
+    print(end="")
+    return h
+
+
+def branch_on_a_tensor(h: torch.Tensor) -> torch.Tensor:
+    return h * 0.5 if h.sum() > 0 else h
+
+
+BREAKS = {"graph_break()": graph_break, "print": printed, "if on a tensor": branch_on_a_tensor}
+
+
+def breaking_programs(brk: Callable) -> dict[str, Callable]:
+    def scan_step(c, x):
+        h = brk(torch.tanh(c["h"] @ W + x))
+        return {"h": h, "n": c["n"] + 1}, (h, None)
+
+    def until_step(c, x):
+        c = brk(c + x)
+        return c, c * 2, torchscan.until(c.sum() > 2)
+
+    def loop_body(i, c):
+        c = Pair(brk(c.a * 0.5 + 1), c.b + c.a)
+        return c, c.a
+
+    def theano_step(x, h):
+        return brk(h + x)
+
+    init = {"h": torch.zeros(4), "n": torch.zeros((), dtype=torch.int64)}
+    return {
+        "scan": lambda xs: torchscan.scan(scan_step, init, xs, reverse=True),
+        "scan until": lambda xs: torchscan.scan(until_step, torch.zeros(4), xs),
+        "loop": lambda xs: torchscan.loop(loop_body, Pair(xs[0], xs[1]), trip_count=5),
+        "loop until": lambda xs: torchscan.loop(
+            lambda i, c: (brk(c + 1), c, torchscan.until(c.sum() > 9)), xs[0], trip_count=9
+        ),
+        "theano": lambda xs: torchscan.theano.scan(
+            theano_step, sequences=xs, outputs_info=torch.zeros(4), go_backwards=True
+        ),
+    }
+
+
+@pytest.mark.parametrize("program", ["scan", "scan until", "loop", "loop until", "theano"])
+@pytest.mark.parametrize("brk", list(BREAKS))
+def test_a_graph_break_in_the_step_runs_with_the_eager_results(program: str, brk: str) -> None:
+    fn = breaking_programs(BREAKS[brk])[program]
+    xs = torch.rand(6, 4)
+    with contextlib.redirect_stdout(None):
+        torch.testing.assert_close(compiled(fn)(xs), fn(xs), rtol=0, atol=0)
+
+
+def test_a_graph_break_under_fullgraph_is_torch_compile_s_error() -> None:
+    fn = breaking_programs(graph_break)["scan"]
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compiled(fn, fullgraph=True)(torch.rand(6, 4))
+
+
+def test_a_graph_break_still_checks_the_carry() -> None:
+    def step(c, x):
+        torch._dynamo.graph_break()
+        return (c, c), x
+
+    with pytest.raises(TypeError, match=r"the carry must keep its structure"):
+        compiled(lambda xs: torchscan.scan(step, torch.zeros(4), xs))(torch.rand(3, 4))
