@@ -6,7 +6,8 @@ needs to turn every ``torchscan.scan`` into one ONNX ``Scan`` node of the versio
 
 What ``import torchscan`` changes in torch, unless the environment variable
 ``TORCHSCAN_PATCH_TORCH_ONNX`` is ``0`` (or ``false``, ``no``, ``off``) when it runs; all of it
-is made by :func:`torchscan.onnx.install_export_hooks` and undone by :func:`torchscan.onnx.uninstall_export_hooks`:
+is made by :func:`torchscan.onnx.install_export_hooks` and undone by
+:func:`torchscan.onnx.uninstall_export_hooks`:
 
 * ``torch.onnx.export`` is replaced by a wrapper with its signature and docstring, which passes
   torchscan's translations in ``custom_translation_table`` (your entries win), records
@@ -31,16 +32,18 @@ is made by :func:`torchscan.onnx.install_export_hooks` and undone by :func:`torc
   model asked below opset 18 may stay at opset 18, and that a translation of torchscan's takes no
   ONNX signature.
 
-With the hooks off, a model with a torchscan loop exports with :func:`torchscan.onnx.export`, and plain
-``torch.onnx.export`` refuses it: torch.onnx's error holds (and shows) a ``torchscan.ExportError``
-that says how to export it. Whatever the
-setting, ``import torchscan`` registers two higher-order operators with torch,
+With the hooks off, a model with a torchscan loop exports with :func:`torchscan.onnx.export`, and
+plain ``torch.onnx.export`` refuses it: torch.onnx's error holds (and shows) a
+``torchscan.ExportError`` that says how to export it. Whatever the setting, ``import
+torchscan`` registers two higher-order operators with torch,
 ``torch.ops.higher_order.torchscan_scan`` and ``torchscan_loop`` (new names, with their kernels
 and fake kernels; nothing of torch's is replaced), which ``scan`` and ``loop`` call under
-``torch.export``; and each loop traced (by ``torch.export``, or on fake tensors for the output
-shapes of a loop that runs no step) adds the file and name of its step function to the frames
-torch keeps in the stack traces of exported nodes
-(``torch.fx.proxy._register_stack_trace_anchor``).
+``torch.export``; it tells TorchDynamo to run one function of torchscan's own untraced when a
+graph break makes it the root of a frame (``torch._dynamo.eval_frame.skip_code`` on the code of
+``torchscan._compiled.first_step``: how ``torch.compile`` finds a step that breaks its graph);
+and each loop traced (by ``torch.export``, or on fake tensors for the output shapes of a loop
+that runs no step) adds the file and name of its step function to the frames torch keeps in the
+stack traces of exported nodes (``torch.fx.proxy._register_stack_trace_anchor``).
 
 An export imports only what it uses: the check tool (``check`` and its report classes, which need
 ``rich``) and the conversion below opset 18 (``OpsetConversionError``) are imported when first
