@@ -44,6 +44,7 @@ from torch.fx.experimental.proxy_tensor import (
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.fx.proxy import _register_stack_trace_anchor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = [
     "ONNX_EXPORTER_MODULE",
@@ -71,6 +72,7 @@ __all__ = [
     "reenter_make_fx",
     "register_fake",
     "register_stack_trace_anchor",
+    "runs_eagerly",
     "shape_env",
     "symbolic_symbols",
     "track_tensor_tree",
@@ -149,6 +151,19 @@ def skip_code_as_frame(code: CodeType) -> None:
     from torch._dynamo.eval_frame import skip_code
 
     skip_code(code)
+
+
+def runs_eagerly(tensors: Any) -> bool:
+    """Whether an operator called with ``tensors`` runs eagerly: no torch.export, torch.onnx or
+    torch.compile is tracing it, no dispatch mode (the tracer's proxies, fake tensors,
+    functionalization) is active, and every tensor is a plain tensor or parameter, not a fake or
+    functional one."""
+    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+        return False
+    if _get_current_dispatch_mode() is not None or detect_fake_mode(tensors) is not None:
+        return False
+    plain = (torch.Tensor, torch.nn.Parameter)
+    return all(type(t) in plain for t in tensors if isinstance(t, torch.Tensor))
 
 
 def shape_env() -> Any:
@@ -352,7 +367,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         instance_attributes=("sympy_expr_tracker",),
     ),
     # fake tensors and symbolic sizes
-    PrivateSymbol("torch._guards", "detect_fake_mode", "the fake mode of a trace"),
+    PrivateSymbol("torch._guards", "detect_fake_mode", "the fake mode of a trace", ("inputs",)),
+    PrivateSymbol(
+        "torch.utils._python_dispatch",
+        "_get_current_dispatch_mode",
+        "train an exported program's loops eagerly, never while they are traced",
+    ),
     PrivateSymbol(
         "torch._subclasses.fake_tensor",
         "FakeTensorMode",
