@@ -179,16 +179,14 @@ def twins(name: str) -> tuple[Model, Model, Any, str]:
 
 def loop_operators(program: torch.export.ExportedProgram) -> list[str]:
     """The names of the higher-order operators called anywhere in the program, nested ones
-    included, with the number of aten nodes of the top-level graph."""
-    found = []
-    for module in program.graph_module.modules():
-        if isinstance(module, torch.fx.GraphModule):
-            found += [
-                node.target.name()
-                for node in module.graph.nodes
-                if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
-            ]
-    return found
+    included."""
+    return [
+        node.target.name()
+        for module in program.graph_module.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+    ]
 
 
 def check_trains(program: torch.export.ExportedProgram, name: str, t: int = T) -> None:

@@ -165,9 +165,7 @@ def _compiled_loop(body: Callable, carry_type: _checks.CarryType, trips: Any) ->
         return carry, _OUTPUTS.stack(ys, 0)
     init = carry_type.init
     if has_until:
-        return _compiled.run_loop(
-            call, _PROTOCOL, init, out, lambda i: i, trips, False, 0, device
-        )
+        return _compiled.run_loop(call, _PROTOCOL, init, out, lambda i: i, trips, False, 0, device)
     counter = torch.arange(trips, device=device)
     return _compiled.run_scan(
         call, _PROTOCOL, init, out, [counter], _pytree.tree_structure(first), trips, False, True, 0

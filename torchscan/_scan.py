@@ -189,9 +189,7 @@ def _compiled_scan(fn: Callable, plan: _Plan, axis: int, reverse: bool, realign:
         return _compiled.run_loop(
             fn, _PROTOCOL, init, out, take, n, reverse and realign, axis, device
         )
-    return _compiled.run_scan(
-        fn, _PROTOCOL, init, out, xs, plan.xs_spec, n, reverse, realign, axis
-    )
+    return _compiled.run_scan(fn, _PROTOCOL, init, out, xs, plan.xs_spec, n, reverse, realign, axis)
 
 
 _Plan = _checks.ScanPlan
