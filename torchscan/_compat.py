@@ -25,6 +25,7 @@ import torch
 import torch.utils._cxx_pytree as cxx_pytree
 import torch.utils._pytree as pytree
 from torch._C import DispatchKey
+from torch._dynamo import assume_constant_result
 from torch._functorch import config as functorch_config
 from torch._guards import detect_fake_mode
 from torch._higher_order_ops.utils import (
@@ -72,6 +73,7 @@ __all__ = [
     "reenter_make_fx",
     "register_fake",
     "register_stack_trace_anchor",
+    "run_untraced_by_dynamo",
     "runs_eagerly",
     "shape_env",
     "symbolic_symbols",
@@ -151,6 +153,13 @@ def skip_code_as_frame(code: CodeType) -> None:
     from torch._dynamo.eval_frame import skip_code
 
     skip_code(code)
+
+
+def run_untraced_by_dynamo(fn: Any) -> Any:
+    """``fn``, marked so that TorchDynamo calls it as it traces instead of tracing it: an error it
+    raises reaches the caller of ``torch.export.export(..., strict=True)`` unchanged, where an
+    error raised by traced code becomes Dynamo's "Observed exception"."""
+    return assume_constant_result(fn)
 
 
 def runs_eagerly(tensors: Any) -> bool:
@@ -292,6 +301,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "scan",
         "a scan compiled by torch.compile as one loop",
         ("combine_fn", "init", "xs", "dim", "reverse"),
+    ),
+    PrivateSymbol(
+        "torch._dynamo",
+        "assume_constant_result",
+        "refuse torch.export's strict mode with torchscan's own error",
+        ("fn",),
     ),
     PrivateSymbol(
         "torch._dynamo.eval_frame",
