@@ -271,3 +271,69 @@ def test_tracing_a_program_records_no_backward() -> None:
     )
     assert loop_operators(again) == ["torchscan_scan"]
     check_trains(again, "scan-rnn", 6)
+
+
+# -- torchscan.lower_to_torch ------------------------------------------------------------------
+
+
+def lowered(name: str) -> torch.export.ExportedProgram:
+    program = torchscan.lower_to_torch(export(name, dynamic=True))
+    operators = loop_operators(program)
+    assert operators == ["scan"], operators
+    return program
+
+
+@pytest.mark.parametrize("name", ["scan-rnn", "scan-lstm-axis1-reverse-pytree", "loop-trip-count"])
+def test_a_lowered_program_holds_torchs_scan_and_computes_and_trains_the_same(name: str) -> None:
+    program = export(name, dynamic=True)
+    lowered_program = lowered(name)
+    for t in (3, 7):
+        args = MODELS[name][1](t)
+        torch.testing.assert_close(lowered_program.module()(*args), program.module()(*args))
+        check_trains(lowered_program, name, t)
+
+
+def test_a_loaded_and_decomposed_program_lowers(tmp_path: Path) -> None:
+    path = tmp_path / "program.pt2"
+    torch.export.save(export("scan-lstm-axis1-reverse-pytree", dynamic=True), path)
+    program = torchscan.lower_to_torch(torch.export.load(path).run_decompositions())
+    assert loop_operators(program) == ["scan"]
+    check_trains(program, "scan-lstm-axis1-reverse-pytree", 6)
+
+
+class Nested(torch.nn.Module):
+    def forward(self, xs, h):
+        def outer(c, x):
+            c, ys = torchscan.scan(lambda a, b: (a + b, (a * b).clone()), c, x)
+            return c, ys.sum(0)
+
+        return torchscan.scan(outer, h, xs)
+
+
+def test_nested_scans_and_unbounded_sizes_lower() -> None:
+    shapes = ({0: torch.export.Dim("T"), 1: torch.export.Dim("U")}, None)
+    args = (randn(5, 4, 3), randn(3))
+    program = torchscan.lower_to_torch(torch.export.export(Nested(), args, dynamic_shapes=shapes))
+    assert loop_operators(program) == ["scan", "scan"]
+    for other in (args, (randn(7, 3, 3), randn(3))):
+        torch.testing.assert_close(program.module()(*other), Nested()(*other))
+
+
+@pytest.mark.parametrize("name", ["loop-until", "scan-until"])
+def test_a_loop_that_stops_early_does_not_lower(name: str) -> None:
+    with pytest.raises(torchscan.TorchscanValueError) as info:
+        torchscan.lower_to_torch(export(name))
+    assert str(info.value).startswith(
+        "torchscan: a torchscan_loop that may stop early (it has until) cannot become torch's scan"
+    )
+
+
+class CountInput(torch.nn.Module):
+    def forward(self, n, h):
+        return torchscan.loop(lambda i, h: (torch.tanh(h + i), h), h, trip_count=n)
+
+
+def test_a_loop_counted_by_a_tensor_does_not_lower() -> None:
+    program = torch.export.export(CountInput(), (torch.tensor(4), randn(3)))
+    with pytest.raises(torchscan.TorchscanValueError, match="trip count is a tensor"):
+        torchscan.lower_to_torch(program)
