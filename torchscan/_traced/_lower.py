@@ -32,9 +32,7 @@ def call_torch_scan(module: torch.nn.Module) -> None:
     for gm in module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
             continue
-        nodes = [
-            n for n in gm.graph.nodes if n.op == "call_function" and n.target in replacements
-        ]
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in replacements]
         for node in nodes:
             node.target = replacements[node.target]
         if nodes:
@@ -60,7 +58,7 @@ def _run_scan(step: Any, carries: Sequence[torch.Tensor], xs: Sequence[torch.Ten
     placeholder = xs[0].new_zeros(())
 
     def with_placeholder(c: list[torch.Tensor], x: list[torch.Tensor]) -> Any:
-        new, ys = step([], x)
+        _, ys = step([], x)
         return [c[0].clone()], _copies(ys)
 
     _, ys = scan_operator()(with_placeholder, [placeholder], list(xs))
