@@ -43,6 +43,10 @@ def _broadcast(values: Sequence[Any], n: int) -> list[Any]:
     return list(values) * n if len(values) == 1 else list(values)
 
 
+def _move(t: torch.Tensor, source: int, destination: int) -> torch.Tensor:
+    return t if source % t.ndim == destination % t.ndim else t.movedim(source, destination)
+
+
 def _copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [t.clone(memory_format=torch.contiguous_format) for t in tensors]
 
@@ -72,7 +76,7 @@ def scan_with_torch(
     del nonempty
     n = len(carries)
     xs = [
-        (x.flip(a) if r else x).movedim(a, 0)
+        _move((x.flip(a) if r else x), a, 0)
         for x, a, r in zip(xs, in_axes, in_reverse, strict=True)
     ]
 
@@ -82,7 +86,7 @@ def scan_with_torch(
 
     final, ys = _run_scan(step, carries, xs)
     ys = [
-        (y.flip(0) if r else y).movedim(0, a)
+        _move((y.flip(0) if r else y), 0, a)
         for y, a, r in zip(
             ys, _broadcast(out_axes, len(ys)), _broadcast(out_reverse, len(ys)), strict=True
         )
