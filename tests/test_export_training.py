@@ -313,6 +313,9 @@ class Nested(torch.nn.Module):
 def test_nested_scans_and_unbounded_sizes_lower() -> None:
     shapes = ({0: torch.export.Dim("T"), 1: torch.export.Dim("U")}, None)
     args = (randn(5, 4, 3), randn(3))
+    # torch's scan traces its step with TorchDynamo, whose state after the lowerings of other
+    # programs adds a guard (size != 2) on the inner length: a limitation of torch 2.13 to 2.15.
+    torch._dynamo.reset()
     program = torchscan.lower_to_torch(torch.export.export(Nested(), args, dynamic_shapes=shapes))
     assert loop_operators(program) == ["scan", "scan"]
     for other in (args, (randn(7, 3, 3), randn(3))):
