@@ -7,6 +7,7 @@ from torchscan._errors import TorchscanTypeError as TorchscanTypeError
 from torchscan._errors import TorchscanValueError as TorchscanValueError
 from torchscan._errors import TorchscanWarning as TorchscanWarning
 from torchscan._loop import loop as loop
+from torchscan._lowering import lower_to_torch as lower_to_torch
 from torchscan._scan import scan as scan
 from torchscan._steps import Until as Until
 from torchscan._steps import until as until
@@ -19,6 +20,7 @@ __all__ = [
     "TorchscanWarning",
     "Until",
     "loop",
+    "lower_to_torch",
     "scan",
     "until",
 ]

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from torchscan import _pytree
+from torchscan._compat import run_untraced_by_dynamo
 from torchscan._errors import ExportError, TorchscanTypeError, TorchscanValueError
 from torchscan._until import Until
 
@@ -71,12 +72,19 @@ def refuse_strict_export(api: str) -> None:
     torchscan's operators: refused before it traces the step function, which can take minutes
     (torch.onnx.export tries strict mode again after a failed non-strict export)."""
     if torch.compiler.is_dynamo_compiling() and torch.compiler.is_exporting():
-        raise ExportError(
-            f"{api} cannot be exported by torch.export.export(..., strict=True): TorchDynamo, "
-            "which strict mode runs, does not support torchscan's loop operators. Export with "
-            "strict=False, torch.export.export's default and what torch.onnx.export(..., "
-            "dynamo=True) tries first."
-        )
+        _refuse_strict_export(api)
+
+
+@run_untraced_by_dynamo
+def _refuse_strict_export(api: str) -> None:
+    """Raises the refusal; TorchDynamo runs it rather than tracing it, so that the caller of
+    torch.export.export gets this error itself, not Dynamo's report of an exception."""
+    raise ExportError(
+        f"{api} cannot be exported by torch.export.export(..., strict=True): TorchDynamo, "
+        "which strict mode runs, does not support torchscan's loop operators. Export with "
+        "strict=False, torch.export.export's default and what torch.onnx.export(..., "
+        "dynamo=True) tries first."
+    )
 
 
 def check_tensor_leaves(api: str, root: str, tree: Any, leaves: Sequence[Any]) -> None:

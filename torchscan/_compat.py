@@ -25,6 +25,7 @@ import torch
 import torch.utils._cxx_pytree as cxx_pytree
 import torch.utils._pytree as pytree
 from torch._C import DispatchKey
+from torch._dynamo import assume_constant_result
 from torch._functorch import config as functorch_config
 from torch._guards import detect_fake_mode
 from torch._higher_order_ops.utils import (
@@ -44,6 +45,7 @@ from torch.fx.experimental.proxy_tensor import (
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.fx.proxy import _register_stack_trace_anchor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = [
     "ONNX_EXPORTER_MODULE",
@@ -71,6 +73,8 @@ __all__ = [
     "reenter_make_fx",
     "register_fake",
     "register_stack_trace_anchor",
+    "run_untraced_by_dynamo",
+    "runs_eagerly",
     "shape_env",
     "symbolic_symbols",
     "track_tensor_tree",
@@ -149,6 +153,26 @@ def skip_code_as_frame(code: CodeType) -> None:
     from torch._dynamo.eval_frame import skip_code
 
     skip_code(code)
+
+
+def run_untraced_by_dynamo(fn: Any) -> Any:
+    """``fn``, marked so that TorchDynamo calls it as it traces instead of tracing it: an error it
+    raises reaches the caller of ``torch.export.export(..., strict=True)`` unchanged, where an
+    error raised by traced code becomes Dynamo's "Observed exception"."""
+    return assume_constant_result(fn)
+
+
+def runs_eagerly(tensors: Any) -> bool:
+    """Whether an operator called with ``tensors`` runs eagerly: no torch.export, torch.onnx or
+    torch.compile is tracing it, no dispatch mode (the tracer's proxies, fake tensors,
+    functionalization) is active, and every tensor is a plain tensor or parameter, not a fake or
+    functional one."""
+    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+        return False
+    if _get_current_dispatch_mode() is not None or detect_fake_mode(tensors) is not None:
+        return False
+    plain = (torch.Tensor, torch.nn.Parameter)
+    return all(type(t) in plain for t in tensors if isinstance(t, torch.Tensor))
 
 
 def shape_env() -> Any:
@@ -279,6 +303,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         ("combine_fn", "init", "xs", "dim", "reverse"),
     ),
     PrivateSymbol(
+        "torch._dynamo",
+        "assume_constant_result",
+        "refuse torch.export's strict mode with torchscan's own error",
+        ("fn",),
+    ),
+    PrivateSymbol(
         "torch._dynamo.eval_frame",
         "skip_code",
         "find a graph break in the first step of a compiled scan",
@@ -352,7 +382,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         instance_attributes=("sympy_expr_tracker",),
     ),
     # fake tensors and symbolic sizes
-    PrivateSymbol("torch._guards", "detect_fake_mode", "the fake mode of a trace"),
+    PrivateSymbol("torch._guards", "detect_fake_mode", "the fake mode of a trace", ("inputs",)),
+    PrivateSymbol(
+        "torch.utils._python_dispatch",
+        "_get_current_dispatch_mode",
+        "train an exported program's loops eagerly, never while they are traced",
+    ),
     PrivateSymbol(
         "torch._subclasses.fake_tensor",
         "FakeTensorMode",

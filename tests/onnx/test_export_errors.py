@@ -709,17 +709,43 @@ def test_python_control_flow_on_tensor_values_names_the_line(how: str, who: str,
     )
 
 
-def test_strict_export_is_refused_before_the_step_is_traced() -> None:
-    """torch.onnx.export tries strict mode after a failed non-strict export: TorchDynamo stops at
-    the loop instead of tracing its step, which can take minutes."""
-    with pytest.raises(RuntimeError) as info:
-        torch.export.export(BranchesOnValue("if"), ARGS, strict=True)
-    assert (
-        "torchscan.scan cannot be exported by torch.export.export(..., strict=True): TorchDynamo, "
+class StrictScan(torch.nn.Module):
+    def forward(self, xs, h):
+        return torchscan.scan(lambda h, x: (h + x, h * 2), h, xs)
+
+
+class StrictLoop(torch.nn.Module):
+    def forward(self, xs, h):
+        return torchscan.loop(lambda i, h: (h + xs[i], h), h, trip_count=xs.shape[0])
+
+
+class StrictTheano(torch.nn.Module):
+    def forward(self, xs, h):
+        return torchscan.theano.scan(lambda x, h: h + x, sequences=xs, outputs_info=h)[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "api"),
+    [
+        (BranchesOnValue("if"), "torchscan.scan"),
+        (StrictScan(), "torchscan.scan"),
+        (StrictLoop(), "torchscan.loop"),
+        (StrictTheano(), "torchscan.theano.scan"),
+    ],
+    ids=["scan-before-its-step", "scan", "loop", "theano-scan"],
+)
+def test_strict_export_is_refused_with_torchscans_error(model: torch.nn.Module, api: str) -> None:
+    """torch.export.export(..., strict=True) gets torchscan's error itself, not TorchDynamo's
+    report of an exception, before the step is traced (torch.onnx.export tries strict mode after
+    a failed non-strict export, and tracing a step with TorchDynamo can take minutes)."""
+    with pytest.raises(torchscan.ExportError) as info:
+        torch.export.export(model, ARGS, strict=True)
+    assert str(info.value) == (
+        f"{api} cannot be exported by torch.export.export(..., strict=True): TorchDynamo, "
         "which strict mode runs, does not support torchscan's loop operators. Export with "
         "strict=False, torch.export.export's default and what torch.onnx.export(..., "
         "dynamo=True) tries first."
-    ) in str(info.value)
+    )
 
 
 class TheanoBranches(torch.nn.Module):

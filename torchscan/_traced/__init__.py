@@ -16,7 +16,8 @@ length at 1 or more (the ONNX translation guards a Scan that may run zero steps)
 ``torchscan_loop(body, trip_count, cond, carries, captured, has_until)`` is the
 same for ``loop`` and for a scan that stops early, and becomes one ONNX ``Loop``.
 
-Modules: ``_scan_op`` and ``_loop_op`` (the operators and their implementations), ``_body`` (tracing
+Modules: ``_scan_op`` and ``_loop_op`` (the operators and their implementations), ``_lower``
+(the operators computed by torch's own scan, for ``torchscan.lower_to_torch``), ``_body`` (tracing
 a body into a subgraph and recording the call), ``_indexing`` (indexing with tensors, such as the
 step number, where a body runs on fake tensors), ``_flat`` (from the public functions' pytrees to
 the operators' flat tensors). The public layer passes in what they need (the checked plan, the
@@ -35,10 +36,12 @@ Everything in this package uses torch's private APIs, all imported from ``torchs
 from torchscan._traced._flat import TypeCheck, traced_loop, traced_scan
 from torchscan._traced._indexing import on_fake_tensors
 from torchscan._traced._loop_op import torchscan_loop
+from torchscan._traced._lower import call_torch_scan
 from torchscan._traced._scan_op import torchscan_scan
 
 __all__ = [
     "TypeCheck",
+    "call_torch_scan",
     "on_fake_tensors",
     "torchscan_loop",
     "torchscan_scan",

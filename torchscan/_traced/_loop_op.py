@@ -16,6 +16,7 @@ from torchscan._compat import (
     disable_proxy_modes_tracing,
     maybe_run_with_interpreter,
     register_fake,
+    runs_eagerly,
 )
 from torchscan._traced._body import (
     as_traced_body,
@@ -98,9 +99,17 @@ def _loop_length(trip_count: Any, cond: Any, has_until: bool) -> Any:
     return length
 
 
-torchscan_loop.py_impl(DispatchKey.Autograd)(
-    autograd_not_implemented(torchscan_loop, deferred_error=True)
-)
+_untrainable_loop = autograd_not_implemented(torchscan_loop, deferred_error=True)
+
+
+@torchscan_loop.py_impl(DispatchKey.Autograd)
+def _loop_autograd(body, trip_count, cond, carries, captured, has_until):
+    """As ``torchscan_scan``'s: the Python loop with autograd on real tensors, and no backward
+    recorded while traced."""
+    tensors = [t for t in (trip_count, cond, *carries, *captured) if isinstance(t, torch.Tensor)]
+    if runs_eagerly(tensors):
+        return _loop_dense(body, trip_count, cond, carries, captured, has_until)
+    return _untrainable_loop(body, trip_count, cond, carries, captured, has_until)
 
 
 @torchscan_loop.py_functionalize_impl

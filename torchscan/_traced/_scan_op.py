@@ -16,6 +16,7 @@ from torchscan._compat import (
     lower_bound,
     maybe_run_with_interpreter,
     register_fake,
+    runs_eagerly,
 )
 from torchscan._traced._body import (
     as_traced_body,
@@ -137,10 +138,18 @@ def _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_revers
     )
 
 
-# Export records inference graphs; a backward through the operator is never needed there.
-torchscan_scan.py_impl(DispatchKey.Autograd)(
-    autograd_not_implemented(torchscan_scan, deferred_error=True)
-)
+_untrainable_scan = autograd_not_implemented(torchscan_scan, deferred_error=True)
+
+
+@torchscan_scan.py_impl(DispatchKey.Autograd)
+def _autograd(body, carries, xs, captured, *static):
+    """On real tensors (an exported program's module, trained), the Python loop with autograd
+    recording every step, as an eager scan does. While traced (torch.export,
+    ``run_decompositions``, torch.onnx), no backward is recorded, so that no graph is unrolled:
+    a backward through the traced operator fails when it is asked for."""
+    if runs_eagerly((*carries, *xs, *captured)):
+        return _dense(body, carries, xs, captured, *static)
+    return _untrainable_scan(body, carries, xs, captured, *static)
 
 
 @torchscan_scan.py_functionalize_impl

@@ -214,6 +214,7 @@ def _run(
     strict: bool,
 ) -> tuple[list[torch.Tensor], _Plan]:
     _checks.check_callable(_API, "fn", fn)
+    _checks.refuse_strict_export(_API)
     go_backwards = _checks.check_bool(_API, "go_backwards", go_backwards)
     strict = _checks.check_bool(_API, "strict", strict)
     if isinstance(truncate_gradient, bool) or not isinstance(truncate_gradient, numbers.Integral):
