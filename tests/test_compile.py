@@ -195,16 +195,20 @@ def test_zero_steps_and_one_step_compile(name: str, length: int) -> None:
     torch.testing.assert_close(compiled(fn, fullgraph=True)(xs), fn(xs), rtol=0, atol=0)
 
 
-def test_inductor_compiles_the_scan_as_a_loop_for_every_length() -> None:
+# Inductor compiles torch's scan as a while_loop that reads its counter with .item(), which
+# torch allows by default only under fullgraph=True: both settings are tested.
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_inductor_compiles_the_scan_as_a_loop_for_every_length(fullgraph: bool) -> None:
     fn = SCANS["tensor reverse"]
-    run = compiled(fn, "inductor", fullgraph=True, dynamic=True)
+    run = compiled(fn, "inductor", fullgraph=fullgraph, dynamic=True)
     for length in (3, 50):
         torch.testing.assert_close(run(sequences(length)), fn(sequences(length)))
 
 
-def test_inductor_compiles_until_as_a_while_loop() -> None:
+@pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "default"])
+def test_inductor_compiles_until_as_a_while_loop(fullgraph: bool) -> None:
     fn = SCANS["until reverse"]
-    run = compiled(fn, "inductor", fullgraph=True)
+    run = compiled(fn, "inductor", fullgraph=fullgraph)
     with torch.no_grad():
         for length in (3, 50):
             torch.testing.assert_close(run(sequences(length)), fn(sequences(length)))
@@ -247,7 +251,7 @@ def test_gradients_match_eager(backend: str, donated_buffer: bool) -> None:
 
     options = torch._functorch.config.patch(donated_buffer=donated_buffer)
     with options:
-        out = compiled(model, record, fullgraph=True)(h, xs)
+        out = compiled(model, record)(h, xs)
         actual = gradients(model, out, (h, xs))
     expected = gradients(model, model(h, xs), (h, xs))
     torch.testing.assert_close(actual, expected)

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from torch._C import DispatchKey
 from torch._dynamo import assume_constant_result
 from torch._functorch import config as functorch_config
-from torch._guards import detect_fake_mode
+from torch._guards import TracingContext, detect_fake_mode
 from torch._higher_order_ops.utils import (
     _maybe_run_with_interpreter,
     autograd_not_implemented,
@@ -145,6 +145,24 @@ def loops_train_correctly_when_compiled() -> bool:
     off (``torch._functorch.config.donated_buffer = False``) avoids it on those releases.
     """
     return not (_DONATED_BUFFERS_BREAK_LOOPS and functorch_config.donated_buffer)
+
+
+def let_loop_operators_read_scalars() -> bool:
+    """Let the program TorchDynamo is tracing hold values read from tensors (``.item()``).
+
+    Inductor compiles torch's ``scan`` as a ``while_loop`` that reads its step counter with
+    ``.item()``, which fails ("DataDependentOutputException") unless the shape environment of
+    the traced program allows such values: TorchDynamo allows them under ``fullgraph=True`` or
+    ``torch._dynamo.config.capture_scalar_outputs``, and not otherwise (torch 2.13 to 2.15).
+    Called while TorchDynamo traces a scan that becomes a loop operator; it changes that one
+    program's shape environment, not TorchDynamo's treatment of ``.item()`` in the user's code.
+    """
+    context = TracingContext.try_get()
+    fake_mode = None if context is None else context.fake_mode
+    shape_env = None if fake_mode is None else fake_mode.shape_env
+    if shape_env is not None and not shape_env.settings.allow_scalar_outputs:
+        shape_env.settings = dataclasses.replace(shape_env.settings, allow_scalar_outputs=True)
+    return True
 
 
 def skip_code_as_frame(code: CodeType) -> None:
@@ -307,6 +325,23 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "assume_constant_result",
         "refuse torch.export's strict mode with torchscan's own error",
         ("fn",),
+    ),
+    PrivateSymbol(
+        "torch._guards",
+        "TracingContext.try_get",
+        "the shape environment of a program torch.compile traces",
+    ),
+    PrivateSymbol(
+        "torch.fx.experimental.symbolic_shapes",
+        "ShapeEnvSettings",
+        "let a compiled loop operator read its step counter (allow_scalar_outputs)",
+        fields=("allow_scalar_outputs",),
+    ),
+    PrivateSymbol(
+        "torch.fx.experimental.symbolic_shapes",
+        "ShapeEnv",
+        "let a compiled loop operator read its step counter (allow_scalar_outputs)",
+        instance_attributes=("settings",),
     ),
     PrivateSymbol(
         "torch._dynamo.eval_frame",

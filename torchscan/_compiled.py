@@ -61,6 +61,9 @@ def loop_operators_apply(out: Any, has_until: bool) -> bool:
     return not has_until and _compat.loops_train_correctly_when_compiled()
 
 
+_allow_scalar_reads = _compat.run_untraced_by_dynamo(_compat.let_loop_operators_read_scalars)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Flat:
     """A pytree whose ``None`` leaves are left out of the list a loop operator carries."""
@@ -185,6 +188,7 @@ def run_scan(
             _fresh(t) for t in y_codec.encode(y_flat.tensors(out[1]))
         ]
 
+    _allow_scalar_reads()
     final, ys = _compat.scan_operator()(combine, carry, sequences, dim=0, reverse=reverse)
     final, ys = carry_codec.decode(final[:n_carry]), y_codec.decode(ys)
     if reverse and not realign:
@@ -236,6 +240,7 @@ def run_loop(
         )
 
     carried = (zero, going, *[_fresh(c) for c in carry], *buffers)
+    _allow_scalar_reads()
     i, _, *rest = torch.while_loop(cond, body, carried)
     steps = i.item() if buffers else 0
     ys = []
