@@ -176,6 +176,16 @@ def test_the_compiled_graph_does_not_grow_with_the_length() -> None:
     assert sizes[10] == sizes[100]
 
 
+def test_many_lengths_need_two_compilations_by_default() -> None:
+    # torch.compile's default: the first length static, then one dynamic graph for the others,
+    # far below the recompile limit after which torch would fall back to eager.
+    recorder = GraphRecorder()
+    run = compiled(SCANS["tensor"], recorder)
+    for length in range(3, 25, 2):
+        torch.testing.assert_close(run(sequences(length)), SCANS["tensor"](sequences(length)))
+    assert len(recorder.graphs) == 2
+
+
 def loop_of(trips: int) -> Callable:
     def fn(xs):
         return torchscan.loop(
