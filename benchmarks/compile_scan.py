@@ -325,9 +325,16 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                     f"| {record['run_s'][name] * 1e3:.3f} "
                     f"| {ratio(record['run_s'], name, COMPILED_LOOP)} |"
                 )
+        lines += [
+            "",
+            "| T | compile (s), torchscan.scan | compile (s), python loop | compile ratio |",
+            "| ---: | ---: | ---: | ---: |",
+        ]
+        for record in results["lengths"][mode]:
             lines.append(
-                f"| {record['T']} | compile ratio, scan to loop | "
-                f"{ratio(record['compile_s'], COMPILED_SCAN, COMPILED_LOOP)} | | | | |"
+                f"| {record['T']} | {fmt(record['compile_s'].get(COMPILED_SCAN))} "
+                f"| {fmt(record['compile_s'].get(COMPILED_LOOP))} "
+                f"| {ratio(record['compile_s'], COMPILED_SCAN, COMPILED_LOOP)} |"
             )
         lines.append("")
     lines += [

@@ -16,6 +16,10 @@ BENCHMARKS = {
     "export_time.py": ["--T", "4", "--B", "2", "--H", "4", "--repeats", "1"],
     "onnxruntime_parts.py": ["--cells", "RNN", "LSTM", "--H", "4", "--T", "3", "--repeats", "1"],
     "suite.py": ["--quick"],
+    "compile_scan.py": [
+        *("--T", "3", "5", "--B", "2", "--H", "4", "--repeats", "1", "--compile-repeats", "1"),
+        *("--backend", "aot_eager"),
+    ],
 }
 # suite.py prints several tables (--quick: 3 cells, 2 lengths, 1 hidden size, 2 thread settings)
 ROWS = {
@@ -23,6 +27,7 @@ ROWS = {
     "export_time.py": 4,
     "onnxruntime_parts.py": 2 * 5,
     "suite.py": 24 + 6 + 6 + 6 + 12,
+    "compile_scan.py": 2 * 4 + 2 + 4,  # per length 4 implementations; compile ratios; graphs
 }
 
 
@@ -45,7 +50,8 @@ def test_every_benchmark_is_exercised() -> None:
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
 def test_benchmark_runs_and_prints_a_ratio_per_row(name: str, tmp_path: Path) -> None:
-    out = ["--out", str(tmp_path)] if name == "suite.py" else []  # not over the docs' figures
+    # not over the docs' figures
+    out = ["--out", str(tmp_path)] if name in ("suite.py", "compile_scan.py") else []
     output = run(ROOT / "benchmarks" / name, *BENCHMARKS[name], *out)
     lines = [line for line in output.splitlines() if line.startswith("| ")]
     # every table's first two lines are its header and the alignment row
@@ -55,5 +61,5 @@ def test_benchmark_runs_and_prints_a_ratio_per_row(name: str, tmp_path: Path) ->
     rows = [line for i, line in enumerate(lines) if i not in headers]
     assert len(rows) == ROWS[name]
     assert all(float(row.split("|")[-2]) > 0 for row in rows)
-    if out:
+    if name == "suite.py":
         assert (tmp_path / "results.md").read_text().strip() in output

@@ -25,7 +25,7 @@ from torchscan._until import Until
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
-else:  # torch depends on typing_extensions
+else:  # torch depends on typing_extensions, which is declared too
     from typing_extensions import Unpack
 
 OneOutputStep: TypeAlias = Callable[..., torch.Tensor]
