@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 # Small sizes: these runs show that the scripts work, the figures come from full runs.
 BENCHMARKS = {
+    "bidirectional.py": ["--T", "5", "--B", "3", "--F", "3", "--H", "4", "--repeats", "1"],
     "eager_scan.py": ["--T", "8", "--B", "2", "--H", "4", "--repeats", "3"],
     "export_time.py": ["--T", "4", "--B", "2", "--H", "4", "--repeats", "1"],
     "onnxruntime_parts.py": ["--cells", "RNN", "LSTM", "--H", "4", "--T", "3", "--repeats", "1"],
@@ -23,6 +24,7 @@ BENCHMARKS = {
 }
 # suite.py prints several tables (--quick: 3 cells, 2 lengths, 1 hidden size, 2 thread settings)
 ROWS = {
+    "bidirectional.py": 2 * 3 + 2,  # eager: 2 modes, 3 implementations; onnxruntime: 2 graphs
     "eager_scan.py": 9,
     "export_time.py": 4,
     "onnxruntime_parts.py": 2 * 5,

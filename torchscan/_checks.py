@@ -145,14 +145,14 @@ def scan_axes(api: str, axis: Any, xs: Any, leaves: Sequence[Any]) -> list[int |
             bad.append(index)
     if bad:
         names = _pytree.leaf_names(xs, "xs")
-        lines = [_axis_out_of_range(axis, names[i], leaves[i]) for i in bad]
+        lines = [axis_out_of_range(axis, names[i], leaves[i]) for i in bad]
         raise TorchscanValueError(
             f"{api}: axis={axis} does not fit every leaf of xs:{bullets(lines)}"
         )
     return axes
 
 
-def _axis_out_of_range(axis: int, name: str, leaf: torch.Tensor) -> str:
+def axis_out_of_range(axis: int, name: str, leaf: torch.Tensor) -> str:
     if leaf.ndim == 0:
         return f"{name} is a 0-d tensor and has no axis to scan over"
     return (

@@ -37,7 +37,7 @@ from torch._higher_order_ops.utils import (
     unique_graph_id,
 )
 from torch._ops import HigherOrderOperator
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode,
     disable_proxy_modes_tracing,
@@ -53,6 +53,7 @@ __all__ = [
     "ONNX_SIGNATURE_WARNING",
     "PRIVATE_API",
     "DispatchKey",
+    "FakeTensor",
     "FakeTensorMode",
     "GuardOnDataDependentSymNode",
     "HigherOrderOperator",
@@ -431,6 +432,9 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     ),
     PrivateSymbol(
         "torch._subclasses.fake_tensor", "FakeTensorMode.from_tensor", "fake inputs", ("tensor",)
+    ),
+    PrivateSymbol(
+        "torch._subclasses.fake_tensor", "FakeTensor", "leave the values of fake lengths unread"
     ),
     PrivateSymbol("torch.fx.experimental.symbolic_shapes", "ShapeEnv", "symbolic sizes"),
     PrivateSymbol(

@@ -23,28 +23,38 @@ class Outputs:
     fn_name: str
     step_name: str
 
-    def check_first(self, y: Any, axis: int) -> None:
-        """``y`` holds tensors and ``None`` only, and each tensor can be stacked on ``axis``."""
+    def check_first(self, y: Any, axis: Any) -> None:
+        """``y`` holds tensors and ``None`` only, and each tensor can be stacked on its axis
+        (``axis``, or what an :class:`~torchscan._layout.OutLayout` gives each leaf)."""
         leaves = _pytree.tree_leaves(y)
         _checks.check_tensor_leaves(self.api, "y", y, leaves)
-        bad = [i for i, leaf in enumerate(leaves) if leaf is not None and not _fits(axis, leaf)]
+        axes = _leaf_axes(axis, y, leaves)
+        bad = [i for i, leaf in enumerate(leaves) if leaf is not None and not _fits(axes[i], leaf)]
         if bad:
             names = _pytree.leaf_names(y, "y")
             lines = [
                 f"{names[i]} has shape {tuple(leaves[i].shape)}, so ys gets rank "
-                f"{leaves[i].ndim + 1} and axis must be in "
+                f"{leaves[i].ndim + 1} and {'axis' if isinstance(axis, int) else 'its axis'} "
+                "must be in "
                 f"[{-leaves[i].ndim - 1}, {leaves[i].ndim}]"
+                + ("" if isinstance(axis, int) else f", but out_axes gives it {axes[i]}")
                 for i in bad
             ]
+            what = (
+                f"axis={axis} is also the axis that ys are stacked on, and it does not fit"
+                if isinstance(axis, int)
+                else "out_axes does not fit"
+            )
             raise TorchscanValueError(
-                f"{self.api}: axis={axis} is also the axis that ys are stacked on, and it does "
-                f"not fit every leaf of y:{_checks.bullets(lines)}"
+                f"{self.api}: {what} every leaf of y:{_checks.bullets(lines)}"
             )
 
-    def stack(self, ys: list[Any], axis: int) -> Any:
-        """Stack every leaf of the per-step outputs along ``axis``."""
+    def stack(self, ys: list[Any], axis: Any) -> Any:
+        """Stack every leaf of the per-step outputs along ``axis`` (or along the axis, and in the
+        direction, that an :class:`~torchscan._layout.OutLayout` gives each leaf)."""
         spec = _pytree.tree_structure(ys[0])
-        if _pytree.is_leaf_spec(spec):
+        uniform = isinstance(axis, int)
+        if _pytree.is_leaf_spec(spec) and uniform:
             return self._stack_leaf(ys, axis, ys[0], 0)
         flat = [_pytree.tree_flatten(y) for y in ys]
         for _, step_spec in flat:
@@ -55,8 +65,15 @@ class Outputs:
                     f"  * the first step returned {_pytree.structure_text(spec)}\n"
                     f"  * a later step returned {_pytree.structure_text(step_spec)}"
                 )
-        columns = zip(*(step_leaves for step_leaves, _ in flat), strict=True)
-        stacked = [self._stack_leaf(column, axis, ys[0], i) for i, column in enumerate(columns)]
+        columns = [list(c) for c in zip(*(step_leaves for step_leaves, _ in flat), strict=True)]
+        if uniform:
+            axes, reverse = [axis] * len(columns), [False] * len(columns)
+        else:
+            axes, reverse = axis.axes(ys[0]), axis.reverse(ys[0])
+        stacked = [
+            self._stack_leaf(column[::-1] if r else column, a, ys[0], i)
+            for i, (column, a, r) in enumerate(zip(columns, axes, reverse, strict=True))
+        ]
         return _pytree.tree_unflatten(stacked, spec)
 
     def _stack_leaf(
@@ -91,7 +108,7 @@ class Outputs:
             f"{name} is {first} for {self.step_name} 0 and {other} for {self.step_name} {step}."
         )
 
-    def empty(self, fake_y: Any, axis: int) -> Any:
+    def empty(self, fake_y: Any, axis: Any) -> Any:
         """``ys`` of zero steps: every tensor of ``fake_y`` with a 0-length axis inserted."""
         leaves = _pytree.tree_leaves(fake_y)
         data_dependent = [
@@ -106,7 +123,12 @@ class Outputs:
                 f"{', '.join(names[i] for i in data_dependent)} depends on data, so ys cannot "
                 "be made empty with the right shape."
             )
-        return _pytree.tree_map(lambda t: t if t is None else _empty_stack(t, axis), fake_y)
+        leaves, spec = _pytree.tree_flatten(fake_y)
+        axes = _leaf_axes(axis, fake_y, leaves)
+        return _pytree.tree_unflatten(
+            [t if t is None else _empty_stack(t, a) for t, a in zip(leaves, axes, strict=True)],
+            spec,
+        )
 
     def call_on_fake(self, why: str, fn: Callable, *args: Any) -> Any:
         """Call ``fn(*args)`` on fake tensors (shapes and dtypes, no data) to learn what it
@@ -149,6 +171,11 @@ def probing_shapes() -> bool:
         # makes fake tensors of its own, which Dynamo leaves to eager code.
         return False
     return _probing.get()
+
+
+def _leaf_axes(axis: Any, y: Any, leaves: Sequence[Any]) -> list[int]:
+    """The stacking axis of every leaf of ``y``: ``axis``, or what an ``OutLayout`` gives."""
+    return [axis] * len(leaves) if isinstance(axis, int) else axis.axes(y)
 
 
 def _fits(axis: int, leaf: torch.Tensor) -> bool:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, SupportsIndex, TypeVar, overload
 
 import torch
 
-from torchscan import _checks, _compiled, _outputs, _pytree, _steps, _torch_onnx_hook, _traced
+from torchscan import (
+    _checks,
+    _compiled,
+    _layout,
+    _lengths,
+    _outputs,
+    _pytree,
+    _steps,
+    _torch_onnx_hook,
+    _traced,
+)
+from torchscan._errors import TorchscanValueError
 from torchscan._until import Until
 
 Carry = TypeVar("Carry")
@@ -28,6 +40,12 @@ def scan(
     length: SupportsIndex,
     axis: SupportsIndex = 0,
     reverse: bool = False,
+    in_axes: Any = None,
+    out_axes: Any = None,
+    in_reverse: Any = None,
+    out_reverse: Any = None,
+    lengths: torch.Tensor | None = None,
+    batch_axis: SupportsIndex = 0,
 ) -> tuple[Carry, Y]: ...
 
 
@@ -40,6 +58,12 @@ def scan(
     length: SupportsIndex | None = None,
     axis: SupportsIndex = 0,
     reverse: bool = False,
+    in_axes: Any = None,
+    out_axes: Any = None,
+    in_reverse: Any = None,
+    out_reverse: Any = None,
+    lengths: torch.Tensor | None = None,
+    batch_axis: SupportsIndex = 0,
 ) -> tuple[Carry, Y]: ...
 
 
@@ -51,6 +75,12 @@ def scan(
     length: SupportsIndex | None = None,
     axis: SupportsIndex = 0,
     reverse: bool = False,
+    in_axes: Any = None,
+    out_axes: Any = None,
+    in_reverse: Any = None,
+    out_reverse: Any = None,
+    lengths: torch.Tensor | None = None,
+    batch_axis: SupportsIndex = 0,
 ) -> tuple[Carry, Y]:
     """Loop ``fn`` over an axis of ``xs`` while carrying state, stacking what each step returns.
 
@@ -67,6 +97,35 @@ def scan(
 
     With ``reverse=True`` the steps run from the last element to the first, and ``ys[t]`` is
     still the output of the step that consumed ``xs[t]``, as in ``jax.lax.scan``.
+
+    Each sequence may have its own axis and direction, and each output its own axis and
+    direction, given as pytrees in the manner of ``jax.vmap``'s ``in_axes`` and ``out_axes``
+    (one value for all leaves, or a pytree that is a prefix of ``xs``, or of ``y``)::
+
+        for t in range(n):
+            x = {i: take(xs[i], n - 1 - t if in_reverse[i] else t, in_axes[i]) for i in xs}
+            carry, y = fn(carry, x)
+            for j in y:  # a reversed output is built by prepending
+                ys[j][n - 1 - t if out_reverse[j] else t] = y[j]  # stacked on out_axes[j]
+
+    ``reverse=True`` is ``in_reverse=True, out_reverse=True``. A bidirectional RNN is one scan
+    over ``(x, x)`` with ``in_reverse=(False, True), out_reverse=(False, True)``.
+
+    With ``lengths``, ``xs`` is a batch of padded sequences, and every example runs alone over
+    its own first ``lengths[b]`` positions::
+
+        for b in range(batch):
+            carry_b, m = carry[b], lengths[b]  # along batch_axis
+            for t in range(m):
+                p = m - 1 - t if reverse else t
+                carry_b, ys[b, p] = fn(carry_b, xs[b, p])
+            carry[b], ys[b, m:] = carry_b, 0
+
+    It is computed batched over the whole padded axis: a step at a padded position of example
+    ``b`` leaves its carry as it was and gives it a ``y`` of zeros (``torch.where``), so
+    gradients flow through valid steps only (but a step that makes ``inf`` or ``nan`` from
+    padding still computes it, and its gradient may then be ``nan``: pad with values the step
+    can take). ``fn`` sees the whole batch, padding included.
 
     Unlike that Python version, ``scan`` checks its arguments and the types ``fn`` returns at
     every step and says which leaf is wrong; it refuses a ``fn`` that changes its carry or its
@@ -95,20 +154,39 @@ def scan(
         axis: the scanned axis of every ``xs`` leaf and the stacking axis of every ``ys`` leaf;
             negative values count from the back of each leaf.
         reverse: run from the last element to the first (``True`` or ``False``).
+        in_axes: the scanned axis of each ``xs`` leaf: an int, or a pytree prefix of ``xs`` of
+            ints; by default ``axis``.
+        out_axes: the stacking axis of each ``ys`` leaf: an int, or a pytree prefix of ``y``;
+            by default ``axis``.
+        in_reverse: whether each sequence is read from its end: a bool, or a pytree prefix of
+            ``xs``; by default ``reverse``.
+        out_reverse: whether each output is stacked from its end (prepended), so that it lines
+            up with a sequence read backwards: a bool, or a pytree prefix of ``y``; by default
+            ``reverse``.
+        lengths: the valid length of every example of a padded batch: a 1-d integer tensor on
+            the device of ``xs``, each in ``[0, n]``. Every sequence and output must then run in
+            the same direction, and ``fn`` may not return ``until``. A ``PackedSequence``
+            becomes ``xs, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed)``.
+        batch_axis: with ``lengths``, the batch axis of every carry leaf and of every leaf of
+            ``y`` (as ``fn`` sees and returns them).
 
     Returns:
         ``(carry, ys)``: the carry after the last step, and every leaf of ``y`` stacked along
         ``axis`` (``None`` leaves stay ``None``). For zero steps, ``init`` itself and ``ys`` of
-        length 0 along ``axis``.
+        length 0 along ``axis``. With ``lengths``, ys are zero at every padded position.
 
     Raises:
         TypeError: ``fn`` is not callable or does not return a pair; a leaf of ``init``, ``xs``
             or ``y`` is not a tensor or ``None``; the carry or ``y`` changes structure, shape,
-            dtype or device at any step; ``reverse`` is not a bool.
+            dtype or device at any step; ``reverse`` is not a bool; ``lengths`` is not a tensor
+            of integers; ``xs`` is a ``PackedSequence``.
         ValueError: ``axis`` is out of range for an ``xs`` or ``y`` leaf; the ``xs`` leaves have
             different lengths; ``length`` is missing, negative or disagrees with ``xs``; the
             tensors of ``init`` and ``xs`` are on different devices; ``fn`` changes its carry
-            or ``x`` in place.
+            or ``x`` in place; ``in_axes``, ``out_axes``, ``in_reverse`` or ``out_reverse`` is
+            not a prefix of its tree or does not fit a leaf; ``lengths`` is not 1-d, holds a
+            length out of ``[0, n]``, is on another device, or a carry or ``y`` leaf has
+            another batch size along ``batch_axis``.
 
     Example:
         A cumulative sum that also returns the running total at each step:
@@ -119,7 +197,21 @@ def scan(
         >>> torchscan.scan(add, torch.tensor(0.0), torch.arange(4.0))
         (tensor(6.), tensor([0., 1., 3., 6.]))
     """
-    return scan_in_order(fn, init, xs, length=length, axis=axis, reverse=reverse, realign=True)
+    return scan_in_order(
+        fn,
+        init,
+        xs,
+        length=length,
+        axis=axis,
+        reverse=reverse,
+        realign=True,
+        in_axes=in_axes,
+        out_axes=out_axes,
+        in_reverse=in_reverse,
+        out_reverse=out_reverse,
+        lengths=lengths,
+        batch_axis=batch_axis,
+    )
 
 
 def scan_in_order(
@@ -132,6 +224,12 @@ def scan_in_order(
     reverse: bool,
     realign: bool,
     loop_operator: bool = True,
+    in_axes: Any = None,
+    out_axes: Any = None,
+    in_reverse: Any = None,
+    out_reverse: Any = None,
+    lengths: Any = None,
+    batch_axis: Any = 0,
 ) -> tuple[Any, Any]:
     """``scan``, with choices the public function does not offer: ``realign=False`` leaves
     ``ys`` in the order the steps ran when ``reverse`` (Theano's ``go_backwards``), where ``scan``
@@ -139,10 +237,42 @@ def scan_in_order(
     ``loop_operator=False`` keeps the steps as they are under ``torch.compile``, for a ``fn``
     that changes Python state (which torch's loop operators refuse)."""
     _checks.check_callable(_API, "fn", fn)
-    reverse = _checks.check_bool(_API, "reverse", reverse)
     _checks.refuse_torchscript(_API)
     _checks.refuse_strict_export(_API)
-    plan = _plan(init, xs, length, axis)
+    _lengths.refuse_packed(_API, xs)
+    directions = _layout.directions(_API, xs, reverse, in_reverse, out_reverse)
+    plan = _plan(init, xs, length, axis, in_axes)
+    if isinstance(out_axes, int) and not isinstance(out_axes, bool):
+        axis, out_axes = out_axes, None  # the uniform path reads axis for ys only
+    layout = _layout.OutLayout(_API, int(axis), out_axes, directions.output_prefix)
+    _checks.check_int(_API, "batch_axis", batch_axis)
+    if lengths is not None:
+        masked = _lengths.Masked(_API, fn, plan, xs, lengths, batch_axis, directions, layout)
+        fn, plan, directions = masked.fn, masked.plan, masked.directions
+        return masked.finish(
+            *_scan_in_order_of(fn, init, plan, axis, directions, layout, realign, loop_operator)
+        )
+    return _scan_in_order_of(fn, init, plan, axis, directions, layout, realign, loop_operator)
+
+
+def _scan_in_order_of(
+    fn: Callable,
+    init: Any,
+    plan: _Plan,
+    axis: Any,
+    directions: _layout.Directions,
+    layout: _layout.OutLayout,
+    realign: bool,
+    loop_operator: bool,
+) -> tuple[Any, Any]:
+    out_axes = layout.axes_prefix
+    uniform = directions.uniform
+    reads_backwards = all(directions.inputs) and directions.output_prefix is False
+    if uniform is None and realign and out_axes is None and reads_backwards:
+        uniform, realign = True, False  # every sequence read backwards, ys in the order of steps
+    if uniform is None or out_axes is not None:
+        return _scan_laid_out(fn, plan, directions.inputs, layout)
+    reverse = uniform
     if torch.compiler.is_exporting() or _outputs.probing_shapes():
         check_types = _torch_onnx_hook.install_if_exporting(_API)
         return _traced.traced_scan(
@@ -163,6 +293,46 @@ def scan_in_order(
     if reverse and realign:
         ys.reverse()
     return carry, _OUTPUTS.stack(ys, axis)
+
+
+def _scan_laid_out(
+    fn: Callable, plan: _Plan, in_reverse: Sequence[bool], layout: _layout.OutLayout
+) -> tuple[Any, Any]:
+    """``scan`` with an axis and a direction of their own for each sequence and output: steps
+    ``t = 0, 1, ...`` read index ``t`` of a forward sequence and ``n - 1 - t`` of a reversed one,
+    and put their ``y`` at index ``t``, or ``n - 1 - t`` of a reversed (prepended) output."""
+    init = plan.carry_type.init
+    if torch.compiler.is_exporting() or _outputs.probing_shapes():
+        check_types = _torch_onnx_hook.install_if_exporting(_API)
+        return _traced.traced_scan(fn, plan, _PROTOCOL, layout, in_reverse, None, check_types)
+    if plan.length == 0:
+        return init, _empty_ys(fn, init, plan, layout)
+    steps = _slices(plan, in_reverse)
+    carry, ys = _PROTOCOL.run(
+        _refusing_until(fn),
+        steps,
+        plan.carry_type,
+        layout,
+        sources=_steps.Sources(plan.xs_leaves, plan.xs_spec),
+    )
+    return carry, _OUTPUTS.stack(ys, layout)
+
+
+def _refusing_until(fn: Callable) -> Callable:
+    """``fn``, refusing ``until`` (which a scan laid out leaf by leaf cannot honour)."""
+
+    @functools.wraps(fn)
+    def step(carry: Any, x: Any) -> Any:
+        out = fn(carry, x)
+        if isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], Until):
+            raise TorchscanValueError(
+                f"{_API}: {_PROTOCOL.fn_name} returned until, which cannot be combined with "
+                "in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: give every "
+                "leaf the same axis and direction (axis=, reverse=)."
+            )
+        return out
+
+    return step
 
 
 def _compiled_scan(fn: Callable, plan: _Plan, axis: int, reverse: bool, realign: bool) -> Any:
@@ -205,25 +375,29 @@ def _compiled_scan(fn: Callable, plan: _Plan, axis: int, reverse: bool, realign:
 _Plan = _checks.ScanPlan
 
 
-def _plan(init: Any, xs: Any, length: Any, axis: Any) -> _Plan:
+def _plan(init: Any, xs: Any, length: Any, axis: Any, in_axes: Any = None) -> _Plan:
     carry_type = _checks.CarryType(_API, "fn", init)
     init_leaves = carry_type.leaves
     _checks.check_tensor_leaves(_API, "init", init, init_leaves)
     xs_leaves, xs_spec = _pytree.tree_flatten(xs)
     _checks.check_tensor_leaves(_API, "xs", xs, xs_leaves)
-    axes = _checks.scan_axes(_API, axis, xs, xs_leaves)
+    _checks.check_int(_API, "axis", axis)
+    axes = _layout.in_axes(_API, xs, xs_leaves, axis, in_axes)
     n = _checks.scan_length(_API, xs, xs_leaves, axes, length)
     _checks.check_same_device(_API, [("init", init, init_leaves), ("xs", xs, xs_leaves)])
     return _Plan(carry_type, xs_leaves, xs_spec, axes, n)
 
 
-def _slices(plan: _Plan) -> Sequence[Any]:
+def _slices(plan: _Plan, in_reverse: Sequence[bool] | None = None) -> Sequence[Any]:
     """The ``x`` of every step, as views into ``xs`` (``unbind`` gives all of them at once, and
-    its backward is one ``stack`` instead of one scatter per step)."""
+    its backward is one ``stack`` instead of one scatter per step); ``in_reverse`` reads the
+    leaves it marks from their end."""
     columns = [
         (None,) * plan.length if leaf is None else leaf.unbind(a)
         for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
     ]
+    if in_reverse is not None:
+        columns = [c[::-1] if r else c for c, r in zip(columns, in_reverse, strict=True)]
     if not columns:  # xs is an empty container: every step gets one like it
         return [_pytree.tree_unflatten([], plan.xs_spec)] * plan.length
     if _pytree.is_leaf_spec(plan.xs_spec):
@@ -231,7 +405,7 @@ def _slices(plan: _Plan) -> Sequence[Any]:
     return [_pytree.tree_unflatten(list(step), plan.xs_spec) for step in zip(*columns, strict=True)]
 
 
-def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: int) -> Any:
+def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: Any) -> Any:
     """``ys`` of a scan with zero steps, with the shapes and dtypes ``fn`` would give them."""
     fake_x = _pytree.tree_unflatten(
         [

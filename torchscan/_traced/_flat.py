@@ -17,6 +17,7 @@ from torchscan._errors import TorchscanValueError
 from torchscan._traced import _step_errors
 from torchscan._traced._body import InPlaceWrite, as_traced_body
 from torchscan._traced._loop_op import torchscan_loop
+from torchscan._traced._scan_op import slice_like as _slice_like
 from torchscan._traced._scan_op import torchscan_scan
 
 TypeCheck = Callable[[str, Sequence[tuple[str, Any]]], None]
@@ -139,9 +140,9 @@ def traced_scan(
     fn: Callable,
     plan: _checks.ScanPlan,
     protocol: _steps.Protocol,
-    axis: int,
-    reverse: bool,
-    reverse_ys: bool,
+    axis: Any,
+    reverse: bool | Sequence[bool],
+    reverse_ys: bool | None,
     check_types: TypeCheck | None = None,
 ) -> tuple[Any, Any]:
     """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors, or, when
@@ -150,6 +151,10 @@ def traced_scan(
     ``plan`` is the checked description of the call, ``protocol`` reads and checks what ``fn``
     returns in the words of the public function; ``reverse``
     reverses the order of the steps and ``reverse_ys`` the order in which ``ys`` are stacked.
+    With an axis and a direction for each leaf, ``axis`` is an ``OutLayout`` (the axis and
+    direction of every ``ys`` leaf, learned by running ``fn`` once on fake tensors),
+    ``reverse`` has one entry per ``xs`` leaf and ``reverse_ys`` is ``None``; ``fn`` may then
+    not stop early.
     ``check_types``, given while torch.onnx exports, refuses leaves whose element type the ONNX
     operator does not allow at the target opset, naming them by their paths.
     """
@@ -177,6 +182,13 @@ def traced_scan(
     # running fn once more beforehand: a step that returns until interrupts the trace, before
     # anything is recorded in the outer graph, and the scan is traced again as a loop.
     scan_xs, scan_axes = (xs, in_axes) if xs else _empty_sequence(plan.length)
+    if isinstance(reverse, bool):
+        in_reverse = [reverse] * len(scan_xs)
+        out_axes, out_reverse = [axis], [reverse_ys]
+    else:
+        in_reverse = [r for r, present in zip(reverse, x_present, strict=True) if present]
+        in_reverse = in_reverse if xs else [False]
+        out_axes, out_reverse = _laid_out(flat, step, xs, in_axes, axis)
     flat.refuse_until = True
     try:
         out = torchscan_scan(
@@ -185,9 +197,9 @@ def traced_scan(
             scan_xs,
             (),
             scan_axes,
-            (reverse,) * len(scan_xs),
-            (axis,),
-            (reverse_ys,),
+            in_reverse,
+            out_axes,
+            out_reverse,
         )
     except _StopsEarly:
         flat.refuse_until = False
@@ -199,6 +211,37 @@ def traced_scan(
     finally:
         flat.refuse_until = False
     return flat.unflatten(out)
+
+
+def _laid_out(
+    flat: _FlatStep, step: Callable, xs: Sequence[torch.Tensor], in_axes: Sequence[int], layout: Any
+) -> tuple[list[int], list[bool]]:
+    """The stacking axis and direction of every (present) ``ys`` leaf, as ``layout`` gives
+    them: ``fn`` runs once on fake tensors, outside the trace, to learn ``y``."""
+    flat.refuse_until = True
+    try:
+        with disable_proxy_modes_tracing(), as_traced_body():
+            out = step(
+                *[c.clone() for c in flat.carries],
+                *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)],
+            )
+    except _StopsEarly:
+        raise TorchscanValueError(
+            f"{flat.protocol.api}: {flat.protocol.fn_name} returned until, which cannot be "
+            "combined with in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: "
+            "give every leaf the same axis and direction (axis=, reverse=)."
+        ) from None
+    finally:
+        flat.refuse_until = False
+    y_leaves = list(out[len(flat.carries) :])
+    y = _pytree.tree_unflatten(_fill(flat.y_present, y_leaves), flat.y_spec)
+    flat.protocol.outputs.check_first(y, layout)
+    axes, reverse = layout.axes(y), layout.reverse(y)
+    present = flat.y_present
+    return (
+        [a for a, p in zip(axes, present, strict=True) if p],
+        [r for r, p in zip(reverse, present, strict=True) if p],
+    )
 
 
 def _empty_sequence(length: Any) -> tuple[list[torch.Tensor], list[int]]:

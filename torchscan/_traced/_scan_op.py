@@ -71,7 +71,7 @@ def _stacking_axis(axis: int, slice_rank: int) -> int:
     return axis % (slice_rank + 1)
 
 
-def _slice_like(x: torch.Tensor, axis: int) -> torch.Tensor:
+def slice_like(x: torch.Tensor, axis: int) -> torch.Tensor:
     """A fresh tensor shaped like one step of ``x``: indexing would guard on the length."""
     shape = list(x.shape)
     del shape[axis]
@@ -123,7 +123,7 @@ def _dense(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_rever
 
 @register_fake(torchscan_scan, skip_cache=True)
 def _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty):
-    x = [_slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
+    x = [slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
     with as_traced_body():
         out = body(*carries, *x, *captured)
     ys = out[len(carries) :]
@@ -172,7 +172,7 @@ def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out
     with disable_proxy_modes_tracing():
         # Cloned, so that a closure reference to the initial carry stays the outer value.
         sample_carries = [c.clone() for c in carries]
-        sample_xs = [_slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
+        sample_xs = [slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
     body_gm, captured = trace_body(mode, body, [*sample_carries, *sample_xs], captured)
     refuse_mutation(body_gm, len(carries), len(xs))
     outputs = output_values(body_gm)

@@ -1,0 +1,134 @@
+"""Per-sequence axes and directions: ``in_axes``, ``in_reverse``, ``out_axes`` and
+``out_reverse`` of ``scan``, given as pytree prefixes in the manner of ``jax.vmap``'s
+``in_axes``/``out_axes`` and resolved here to one value per leaf."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import optree
+
+from torchscan import _checks, _pytree
+from torchscan._errors import TorchscanTypeError, TorchscanValueError
+
+
+def per_leaf(api: str, name: str, prefix: Any, tree: Any, root: str, kind: type) -> list[Any]:
+    """``prefix`` (one value, or a pytree that is a prefix of ``tree``) broadcast to every leaf
+    of ``tree``; every value must be of ``kind`` (``int`` or ``bool``)."""
+    try:
+        values = optree.broadcast_prefix(prefix, tree, none_is_leaf=True, namespace="torch")
+    except ValueError:
+        given = _pytree.structure_text(_pytree.tree_structure(prefix))
+        raise TorchscanValueError(
+            f"{api}: {name} must be one {kind.__name__} or a pytree that is a prefix of the "
+            f"structure of {root}, but:\n"
+            f"  * {root} has structure {_pytree.structure_text(_pytree.tree_structure(tree))}\n"
+            f"  * {name} has structure {given}"
+        ) from None
+    names = _pytree.leaf_names(tree, root)
+    checked = []
+    for value, leaf_name in zip(values, names, strict=True):
+        if kind is bool:
+            ok = isinstance(value, bool)
+        else:
+            ok = not isinstance(value, bool) and hasattr(value, "__index__")
+        if not ok:
+            raise TorchscanTypeError(
+                f"{api}: {name} gives {leaf_name} {_checks.describe(value)}, but it must be "
+                f"{'a bool' if kind is bool else 'an int'}."
+            )
+        checked.append(bool(value) if kind is bool else operator.index(value))
+    return checked
+
+
+def in_axes(api: str, xs: Any, leaves: Sequence[Any], axis: Any, prefix: Any) -> list[int | None]:
+    """The scanned axis of every ``xs`` leaf, made non-negative (``None`` for ``None`` leaves):
+    ``axis`` for every leaf, or what the pytree prefix ``in_axes`` gives each."""
+    if prefix is None:
+        return _checks.scan_axes(api, axis, xs, leaves)
+    values = per_leaf(api, "in_axes", prefix, xs, "xs", int)
+    names = _pytree.leaf_names(xs, "xs")
+    axes: list[int | None] = []
+    bad: list[str] = []
+    for leaf, value, name in zip(leaves, values, names, strict=True):
+        if leaf is None:
+            axes.append(None)
+        elif -leaf.ndim <= value < leaf.ndim:
+            axes.append(value % leaf.ndim)
+        else:
+            axes.append(None)
+            bad.append(f"in_axes gives it {value}: {_checks.axis_out_of_range(value, name, leaf)}")
+    if bad:
+        raise TorchscanValueError(
+            f"{api}: in_axes does not fit every leaf of xs:{_checks.bullets(bad)}"
+        )
+    return axes
+
+
+@dataclasses.dataclass(frozen=True)
+class Directions:
+    """Which sequences are read from their end, and which outputs are stacked from their end
+    (prepended); ``reverse`` alone is every one of both."""
+
+    inputs: list[bool]
+    output_prefix: Any  # a bool, or a pytree prefix of y
+
+    @property
+    def uniform(self) -> bool | None:
+        """The one direction of every sequence and output, or ``None`` when they differ."""
+        if not isinstance(self.output_prefix, bool):
+            return None
+        if any(r != self.output_prefix for r in self.inputs):
+            return None
+        return self.output_prefix
+
+
+def directions(api: str, xs: Any, reverse: Any, in_reverse: Any, out_reverse: Any) -> Directions:
+    reverse = _checks.check_bool(api, "reverse", reverse)
+    if reverse and (in_reverse is not None or out_reverse is not None):
+        raise TorchscanValueError(
+            f"{api}: reverse=True reverses every sequence and every output; give directions "
+            "either with reverse or with in_reverse and out_reverse, not both."
+        )
+    if in_reverse is None:
+        inputs = [reverse] * len(_pytree.tree_leaves(xs))
+    else:
+        inputs = per_leaf(api, "in_reverse", in_reverse, xs, "xs", bool)
+    if out_reverse is None:
+        output_prefix: Any = reverse
+    elif isinstance(out_reverse, bool):
+        output_prefix = out_reverse
+    else:
+        output_prefix = out_reverse  # checked against y once the first step returns it
+    return Directions(inputs, output_prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutLayout:
+    """The stacking axis and the direction of every leaf of ``ys``: one ``axis`` for all, or
+    pytree prefixes of ``y`` (``out_axes``, ``out_reverse``), known once a step returned ``y``."""
+
+    api: str
+    axis: int
+    axes_prefix: Any = None
+    reverse_prefix: Any = False
+
+    @property
+    def uniform_axis(self) -> int | None:
+        return self.axis if self.axes_prefix is None else None
+
+    def axes(self, y: Any) -> list[int]:
+        if self.axes_prefix is None:
+            return [self.axis] * len(_pytree.tree_leaves(y))
+        return per_leaf(self.api, "out_axes", self.axes_prefix, y, "y", int)
+
+    def reverse(self, y: Any) -> list[bool]:
+        if isinstance(self.reverse_prefix, bool):
+            return [self.reverse_prefix] * len(_pytree.tree_leaves(y))
+        return per_leaf(self.api, "out_reverse", self.reverse_prefix, y, "y", bool)
+
+    def axis_name(self, index: int) -> str:
+        return "axis" if self.axes_prefix is None else "out_axes"

@@ -1,0 +1,240 @@
+"""``lengths=``: a scan over a batch of padded sequences of different lengths.
+
+Example ``b`` of the batch runs its first ``lengths[b]`` steps (the last ones, read backwards,
+with ``reverse``): the scan runs over the whole padded axis, and a step that reads a padded
+position keeps the carry of example ``b`` as it was and gives it a ``y`` of zeros. The validity
+of every step for every example is one more (boolean) sequence, ``arange(T)[:, None] < lengths``,
+read in the scan's direction: eagerly, exported (one more input of the ONNX ``Scan``, which
+masks inside its body) and compiled alike.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchscan import _checks, _outputs, _pytree
+from torchscan._compat import FakeTensor
+from torchscan._errors import TorchscanTypeError, TorchscanValueError
+from torchscan._layout import Directions, OutLayout
+
+
+def refuse_packed(api: str, xs: Any) -> None:
+    """A ``PackedSequence`` is a namedtuple: flattened as a pytree, its data would be scanned
+    as if it were padded."""
+    if isinstance(xs, torch.nn.utils.rnn.PackedSequence):
+        raise TorchscanTypeError(
+            f"{api}: xs is a PackedSequence, whose data has no time axis to scan; pad it and "
+            "pass its lengths: xs, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed) "
+            "(batch_first=True for (B, T, ...) with axis=1), then "
+            "torchscan.scan(fn, init, xs, lengths=lengths)."
+        )
+
+
+class Masked:
+    """The scan ``fn`` over ``xs`` with ``lengths``, as a scan without them: ``fn`` wrapped to
+    mask its results, ``xs`` with the validity mask as one more sequence, and their plan."""
+
+    def __init__(
+        self,
+        api: str,
+        fn: Callable,
+        plan: _checks.ScanPlan,
+        xs: Any,
+        lengths: Any,
+        batch_axis: Any,
+        directions: Directions,
+        layout: OutLayout,
+    ) -> None:
+        reverse = directions.uniform
+        if reverse is None:
+            raise TorchscanValueError(
+                f"{api}: with lengths, every sequence and output must have the same direction "
+                "(each example runs its own first lengths[b] steps, or its last ones read "
+                "backwards), but in_reverse and out_reverse give them different ones. Run each "
+                "direction as its own scan (reverse=False and reverse=True), as a bidirectional "
+                "RNN over padded sequences does."
+            )
+        batch_axis = _checks.check_int(api, "batch_axis", batch_axis)
+        lengths, longest = _check_lengths(api, lengths, plan)
+        batch = lengths.shape[0]
+        _check_batch(api, "init", plan.carry_type.init, batch, batch_axis, "carry")
+        self.layout, self.padded_length = layout, plan.length
+        # Eagerly, positions past the longest example are padding for every example, in
+        # either direction: they are not run, and their ys are zeros.
+        length = plan.length if longest is None else longest
+        xs_leaves = plan.xs_leaves
+        if length != plan.length:
+            xs_leaves = [
+                None if leaf is None else leaf.narrow(a, 0, length)
+                for leaf, a in zip(xs_leaves, plan.axes, strict=True)
+            ]
+        mask = torch.arange(length, device=lengths.device)[:, None] < lengths[None, :]
+        self.xs = (_pytree.tree_unflatten(xs_leaves, plan.xs_spec), mask)
+        leaves, spec = _pytree.tree_flatten(self.xs)
+        self.plan = _checks.ScanPlan(plan.carry_type, leaves, spec, [*plan.axes, 0], length)
+        self.directions = Directions([*directions.inputs, reverse], directions.output_prefix)
+        self.fn = _masked(api, fn, plan.carry_type, batch, batch_axis)
+
+    def finish(self, carry: Any, ys: Any) -> tuple[Any, Any]:
+        """``(carry, ys)`` with ys extended by zeros to the padded length, where the positions
+        past the longest example were not run."""
+        missing = self.padded_length - self.plan.length
+        if not missing:
+            return carry, ys
+        leaves, spec = _pytree.tree_flatten(ys)
+        axes = self.layout.axes(ys)
+        return carry, _pytree.tree_unflatten(
+            [
+                y if y is None else _extend(y, a % y.ndim, missing)
+                for y, a in zip(leaves, axes, strict=True)
+            ],
+            spec,
+        )
+
+
+def _extend(y: torch.Tensor, axis: int, missing: int) -> torch.Tensor:
+    shape = list(y.shape)
+    shape[axis] = missing
+    return torch.cat([y, y.new_zeros(shape)], dim=axis)
+
+
+def _check_lengths(
+    api: str, lengths: Any, plan: _checks.ScanPlan
+) -> tuple[torch.Tensor, int | None]:
+    """``lengths``, checked, and eagerly the longest of them (``None`` while traced)."""
+    if not isinstance(lengths, torch.Tensor):
+        raise TorchscanTypeError(
+            f"{api}: lengths must be a 1-d tensor of integers (one length per example), but got "
+            f"{_checks.describe(lengths)}."
+        )
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TorchscanTypeError(
+            f"{api}: lengths must be a tensor of integers, but got {_checks.describe(lengths)}; "
+            "convert it with lengths.long()."
+        )
+    if lengths.ndim != 1:
+        raise TorchscanValueError(
+            f"{api}: lengths must be 1-d, one length per example of the batch, but got "
+            f"{_checks.describe(lengths)}."
+        )
+    devices = {
+        leaf.device for leaf in [*plan.carry_type.leaves, *plan.xs_leaves] if leaf is not None
+    }
+    if devices and lengths.device not in devices:
+        raise TorchscanValueError(
+            f"{api}: lengths is on {lengths.device}, but init and xs are on "
+            f"{', '.join(sorted(map(str, devices)))}; move it with lengths.to(xs.device)."
+        )
+    tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    if tracing or _outputs.probing_shapes() or _is_fake(lengths):
+        return lengths, None
+    if lengths.numel():
+        low, high = int(lengths.min()), int(lengths.max())
+        if low < 0 or high > plan.length:
+            index = int((lengths < 0).nonzero()[0, 0] if low < 0 else lengths.argmax())
+            value = int(lengths[index])
+            raise TorchscanValueError(
+                f"{api}: every length must be in [0, {plan.length}] (the padded axis has "
+                f"{plan.length} steps), but lengths[{index}] is {value}."
+            )
+        return lengths, high
+    return lengths, None
+
+
+def _is_fake(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, FakeTensor)
+
+
+def _check_batch(api: str, root: str, tree: Any, batch: int, batch_axis: int, word: str) -> None:
+    """Every tensor of ``tree`` has ``batch`` examples along ``batch_axis``."""
+    bad = []
+    for name, leaf in _pytree.named_tensors(tree, root):
+        if not -leaf.ndim <= batch_axis < leaf.ndim:
+            bad.append(f"{name} is {_checks.describe(leaf)}, which has no axis {batch_axis}")
+        elif leaf.shape[batch_axis] != batch:
+            bad.append(
+                f"{name} is {_checks.describe(leaf)}, with {leaf.shape[batch_axis]} along axis "
+                f"{batch_axis}"
+            )
+    if bad:
+        raise TorchscanValueError(
+            f"{api}: with lengths of {batch} examples, every tensor of the {word} must have "
+            f"{batch} examples along batch_axis={batch_axis}, but:{_checks.bullets(bad)}"
+        )
+
+
+def _masked(
+    api: str, fn: Callable, carry_type: _checks.CarryType, batch: int, batch_axis: int
+) -> Callable:
+    """``fn`` whose new carry is the old one, and whose ``y`` is zeros, for every example
+    whose step this is not (``valid`` false)."""
+    checked_y = False
+
+    @functools.wraps(fn)
+    def masked(carry: Any, x_and_valid: Any) -> Any:
+        nonlocal checked_y
+        x, valid = x_and_valid
+        out = fn(carry, x)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            if isinstance(out, tuple) and len(out) == 3:
+                raise TorchscanValueError(
+                    f"{api}: fn returned until, which cannot be combined with "
+                    "lengths: every example stops at its own length."
+                )
+            return out  # refused, with the usual message, by the caller
+        new, y = out
+        if not checked_y:
+            leaves = _pytree.tree_leaves(y)
+            _checks.check_tensor_leaves(api, "y", y, leaves)
+            _check_batch(api, "y", y, batch, batch_axis, "y of every step")
+            checked_y = True
+        shaped: dict[int, torch.Tensor] = {}
+
+        def along(leaf: torch.Tensor) -> torch.Tensor:
+            flags = shaped.get(leaf.ndim)
+            if flags is None:
+                flags = shaped[leaf.ndim] = _along(valid, leaf, batch_axis)
+            return flags
+
+        if isinstance(new, torch.Tensor) and isinstance(carry, torch.Tensor):
+            new = torch.where(along(new), new, carry)
+        else:
+            try:
+                new = _pytree.tree_map(
+                    lambda n, c: n if n is None else torch.where(along(n), n, c), new, carry
+                )
+            except (ValueError, TypeError, RuntimeError):
+                carry_type.check(new, "")
+                raise
+        if isinstance(y, torch.Tensor):
+            return new, torch.where(along(y), y, _zero(y))
+        return new, _pytree.tree_map(
+            lambda t: t if t is None else torch.where(along(t), t, _zero(t)), y
+        )
+
+    return masked
+
+
+def _along(valid: torch.Tensor, leaf: torch.Tensor, batch_axis: int) -> torch.Tensor:
+    """``valid`` (one flag per example) shaped to broadcast along ``batch_axis`` of ``leaf``."""
+    shape = [1] * leaf.ndim
+    shape[batch_axis] = -1
+    return valid.reshape(shape)
+
+
+_zeros: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _zero(leaf: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero of the dtype and device of ``leaf`` (made once: a constant under tracing)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or _is_fake(leaf):
+        return torch.zeros((), dtype=leaf.dtype, device=leaf.device)
+    key = (leaf.dtype, leaf.device)
+    zero = _zeros.get(key)
+    if zero is None:
+        zero = _zeros[key] = torch.zeros((), dtype=leaf.dtype, device=leaf.device)
+    return zero
