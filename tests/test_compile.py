@@ -94,6 +94,11 @@ def bool_step(c, x):
     return c + x, c > 0
 
 
+def _lengths(xs: torch.Tensor) -> torch.Tensor:
+    """Four examples (the columns of xs): lengths 0, a third, two thirds and all of xs."""
+    return torch.arange(4) * xs.shape[0] // 3
+
+
 SCANS: dict[str, Callable[[torch.Tensor], Any]] = {
     "tensor": lambda xs: torchscan.scan(elman, torch.zeros(4), xs),
     "tensor reverse": lambda xs: torchscan.scan(elman, torch.zeros(4), xs, reverse=True),
@@ -139,6 +144,12 @@ SCANS: dict[str, Callable[[torch.Tensor], Any]] = {
     "loop with until, no limit": lambda xs: torchscan.loop(
         lambda i, c: (c + 1, None, torchscan.until(c.sum() > 10)), xs[0]
     ),
+    "lengths": lambda xs: torchscan.scan(
+        lambda c, x: (c * 0.5 + x, {"c": c, "x": x}), torch.zeros(4), xs, lengths=_lengths(xs)
+    ),
+    "lengths reverse": lambda xs: torchscan.scan(
+        elman, torch.zeros(4), xs, lengths=_lengths(xs), reverse=True
+    ),
     "theano go_backwards": lambda xs: torchscan.theano.scan(
         lambda x, h: torch.tanh(h @ W + x),
         sequences=xs,
@@ -164,6 +175,25 @@ def test_fullgraph_compiles_one_loop_operator_with_the_eager_results(name: str) 
     # A nested scan is in the outer body, and in its first step traced on its own, which the
     # compiler drops later.
     assert len(recorder.loop_operators()) == (3 if name == "nested" else 1)
+
+
+def test_sequences_with_axes_and_directions_of_their_own_run_step_by_step() -> None:
+    """A bidirectional scan (one sequence read backwards, its output prepended) compiles, with
+    TorchDynamo unrolling its steps, to the eager results."""
+
+    def bidirectional(xs):
+        return torchscan.scan(
+            lambda c, x: ((c[0] + x[0], c[1] * 0.5 + x[1]), (c[0], c[1])),
+            (torch.zeros(4), torch.zeros(4)),
+            (xs, xs.T),
+            in_axes=(0, 1),
+            in_reverse=(False, True),
+            out_reverse=(False, True),
+            out_axes=(0, -1),
+        )
+
+    xs = sequences(5)
+    torch.testing.assert_close(compiled(bidirectional, fullgraph=True)(xs), bidirectional(xs))
 
 
 def test_the_compiled_graph_does_not_grow_with_the_length() -> None:

@@ -524,6 +524,41 @@ def test_a_y_leaf_without_batch_axis() -> None:
         )
 
 
+def test_a_y_leaf_whose_batch_changes_in_a_later_step() -> None:
+    """``torch.where`` would broadcast it back to the batch: refused instead."""
+    calls = []
+
+    def step(c, x):
+        calls.append(None)
+        return c + x, (c if len(calls) < 2 else c[:1])
+
+    with errors(
+        ValueError,
+        "torchscan.scan: with lengths of 3 examples, every tensor of the y of every step must "
+        "have 3 examples along batch_axis=0, but:",
+        "  * y is float32[1, 2] on cpu, with 1 along axis 0",
+    ):
+        torchscan.scan(
+            step, torch.zeros(3, 2), torch.ones(4, 3, 2), lengths=torch.tensor([4, 1, 0])
+        )
+
+
+def test_a_carry_that_would_broadcast_is_still_refused() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its type, but fn changed it:",
+        "  * carry has shape (3, 2) but fn returned shape (2,)",
+        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
+        "init).",
+    ):
+        torchscan.scan(
+            lambda c, x: (c.sum(0), c),
+            torch.zeros(3, 2),
+            torch.ones(4, 3, 2),
+            lengths=torch.tensor([4, 1, 0]),
+        )
+
+
 MIXED = (
     "torchscan.scan: with lengths, every sequence and output must have the same direction (each "
     "example runs its own first lengths[b] steps, or its last ones read backwards), but "

@@ -187,11 +187,13 @@ def _masked(
                 )
             return out  # refused, with the usual message, by the caller
         new, y = out
+        y_leaves = _pytree.tree_leaves(y)
         if not checked_y:
-            leaves = _pytree.tree_leaves(y)
-            _checks.check_tensor_leaves(api, "y", y, leaves)
-            _check_batch(api, "y", y, batch, batch_axis, "y of every step")
+            _checks.check_tensor_leaves(api, "y", y, y_leaves)
             checked_y = True
+        # torch.where would broadcast a y or carry of another shape to the right one.
+        if not all(t is None or _has_batch(t, batch, batch_axis) for t in y_leaves):
+            _check_batch(api, "y", y, batch, batch_axis, "y of every step")
         shaped: dict[int, torch.Tensor] = {}
 
         def along(leaf: torch.Tensor) -> torch.Tensor:
@@ -201,15 +203,14 @@ def _masked(
             return flags
 
         if isinstance(new, torch.Tensor) and isinstance(carry, torch.Tensor):
+            if new.shape != carry.shape or new.dtype != carry.dtype:
+                carry_type.check(new, "")
             new = torch.where(along(new), new, carry)
         else:
-            try:
-                new = _pytree.tree_map(
-                    lambda n, c: n if n is None else torch.where(along(n), n, c), new, carry
-                )
-            except (ValueError, TypeError, RuntimeError):
-                carry_type.check(new, "")
-                raise
+            carry_type.check(new, "")
+            new = _pytree.tree_map(
+                lambda n, c: n if n is None else torch.where(along(n), n, c), new, carry
+            )
         if isinstance(y, torch.Tensor):
             return new, torch.where(along(y), y, _zero(y))
         return new, _pytree.tree_map(
@@ -217,6 +218,10 @@ def _masked(
         )
 
     return masked
+
+
+def _has_batch(leaf: torch.Tensor, batch: int, batch_axis: int) -> bool:
+    return -leaf.ndim <= batch_axis < leaf.ndim and leaf.shape[batch_axis] == batch
 
 
 def _along(valid: torch.Tensor, leaf: torch.Tensor, batch_axis: int) -> torch.Tensor:

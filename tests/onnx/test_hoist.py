@@ -11,6 +11,7 @@ import torch
 
 import torchscan
 import torchscan.onnx
+from torchscan.onnx import _hoist
 
 from .._export import onnx_export
 from ._runtimes import nodes, run_onnxruntime, run_reference
@@ -273,3 +274,54 @@ def test_bfloat16_inside_a_body_exports_below_opset_16(opset: int) -> None:
     hoisted, plain = (run_reference(model, inputs) for model in models)
     for a, b in zip(hoisted, plain, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_scanned_inputs_the_body_no_longer_reads_are_dropped() -> None:
+    """A Scan whose body reads one of its two sequences keeps that one only, with its axis and
+    direction, and computes the same."""
+    body = oh.make_graph(
+        [oh.make_node("Add", ["s", "b_t"], ["s_out"]), oh.make_node("Identity", ["s_out"], ["y"])],
+        "body",
+        [
+            oh.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("a_t", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("b_t", onnx.TensorProto.FLOAT, [2]),
+        ],
+        [
+            oh.make_tensor_value_info("s_out", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2]),
+        ],
+    )
+    scan = oh.make_node(
+        "Scan", ["s0", "a", "b"], ["s_final", "ys"], body=body, num_scan_inputs=2,
+        scan_input_axes=[0, 1], scan_input_directions=[0, 1],
+    )  # fmt: skip
+    graph = oh.make_graph(
+        [scan],
+        "g",
+        [
+            oh.make_tensor_value_info("s0", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [3, 2]),
+            oh.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [2, 3]),
+        ],
+        [
+            oh.make_tensor_value_info("s_final", onnx.TensorProto.FLOAT, [2]),
+            oh.make_tensor_value_info("ys", onnx.TensorProto.FLOAT, [3, 2]),
+        ],
+    )
+    before = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    model = ir.serde.deserialize_model(before)
+    assert _hoist.drop_unread_sequences(model.graph) == 1
+    after = ir.serde.serialize_model(model)
+    onnx.checker.check_model(after, full_check=True)
+    (node,) = after.graph.node
+    attributes = {a.name: oh.get_attribute_value(a) for a in node.attribute}
+    assert list(node.input) == ["s0", "b"]
+    assert (attributes["num_scan_inputs"], attributes["scan_input_axes"]) == (1, [1])
+    assert attributes["scan_input_directions"] == [1]
+    inputs = [torch.randn(2), torch.randn(3, 2), torch.randn(2, 3)]
+    for actual, expected in zip(
+        run_onnxruntime(after, inputs), run_onnxruntime(before, inputs), strict=True
+    ):
+        np.testing.assert_array_equal(actual, expected)
+    assert _hoist.drop_unread_sequences(model.graph) == 0

@@ -54,7 +54,10 @@ def _copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 def _run_scan(step: Any, carries: Sequence[torch.Tensor], xs: Sequence[torch.Tensor]) -> Any:
     """torch's scan of ``step(carries, x_slices) -> (new_carries, ys)`` over axis 0 of ``xs``,
     with a placeholder carry where there is none (torch's scan needs one); returns the final
-    carries and the ys stacked on axis 0."""
+    carries and the ys stacked on axis 0. A tensor given as several carries (``(h0, h0)``) is
+    copied for all but the first: torch's scan traces its step with the carries that are one
+    tensor as one input, and they part after the first step."""
+    carries = _distinct(carries)
     if carries:
         return scan_operator()(
             lambda c, x: tuple(map(_copies, step(c, x))), list(carries), list(xs)
@@ -67,6 +70,15 @@ def _run_scan(step: Any, carries: Sequence[torch.Tensor], xs: Sequence[torch.Ten
 
     _, ys = scan_operator()(with_placeholder, [placeholder], list(xs))
     return [], ys
+
+
+def _distinct(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    distinct = []
+    for t in tensors:
+        distinct.append(t.clone() if id(t) in seen else t)
+        seen.add(id(t))
+    return distinct
 
 
 def scan_with_torch(

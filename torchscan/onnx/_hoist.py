@@ -81,6 +81,42 @@ def _visit(graph: ir.Graph, names: _ir.Names, allowed: dict[str, frozenset[ir.Da
     return moved
 
 
+def drop_unread_sequences(graph: ir.Graph) -> int:
+    """Remove, from every Scan (version 9 on) in ``graph`` and its subgraphs, the scanned inputs
+    that its body no longer reads once the optimizer has simplified it (a shape read from a
+    sequence whose work was moved out, then folded). A Scan keeps at least one, which counts its
+    steps. Returns how many were removed."""
+    removed = 0
+    for node in list(graph):
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                removed += drop_unread_sequences(attribute.as_graph())
+        if not (_ir.is_default_domain(node.domain) and node.op_type == "Scan"):
+            continue
+        if "directions" in node.attributes or "num_scan_inputs" not in node.attributes:
+            continue  # Scan-8: a batch axis and sequence_lens, left as they are
+        body = node.attributes["body"].as_graph()
+        n_scanned = node.attributes["num_scan_inputs"].as_int()
+        n_state = len(body.inputs) - n_scanned
+        elements = list(body.inputs[n_state:])
+        keep = [
+            i for i, element in enumerate(elements) if element.uses() or element in body.outputs
+        ] or [n_scanned - 1]
+        if len(keep) == n_scanned:
+            continue
+        _set_scanned(
+            node,
+            body,
+            list(node.inputs),
+            n_state,
+            keep,
+            _ints(node, "scan_input_axes", [0] * n_scanned),
+            _ints(node, "scan_input_directions", [0] * n_scanned),
+        )
+        removed += n_scanned - len(keep)
+    return removed
+
+
 # -- classification ----------------------------------------------------------------------------
 
 

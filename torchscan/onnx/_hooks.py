@@ -265,7 +265,7 @@ class _ConvertingAPIs:
         built = model.clone()
         try:
             converted = _convert.convert_model(
-                self._apis.optimize(model), target_version, in_place=True
+                self._optimized(model), target_version, in_place=True
             )
         except _convert.OpsetConversionError as refused:
             # The optimizer may choose operators the target lacks; the model as built may not.
@@ -280,9 +280,17 @@ class _ConvertingAPIs:
         return converted
 
     def optimize(self, model: ir.Model) -> ir.Model:
-        if model.meta.get(self._CONVERTED) and _active(self._installation):
+        if not _active(self._installation):
+            return self._apis.optimize(model)
+        if model.meta.get(self._CONVERTED):
             return model
-        return self._apis.optimize(model)
+        return self._optimized(model)
+
+    def _optimized(self, model: ir.Model) -> ir.Model:
+        """onnxscript's optimizer, then the scanned inputs it left unread dropped."""
+        optimized = self._apis.optimize(model)
+        _hoist.drop_unread_sequences(optimized.graph)
+        return optimized
 
 
 ONNXRUNTIME_MISSING_KERNELS = {

@@ -391,7 +391,9 @@ def _where_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         if any(s is None or None in s for s in shapes):
             raise ctx.refuse(
                 node, boundary, "without Where, selecting needs the shape of the result, which "
-                "is not known before run time"
+                "is not known before run time (export with static shapes where it is computed: "
+                "a scan with lengths selects the carry of every example, and needs a static "
+                "batch size)"
             )  # fmt: skip
         shape = list(np.broadcast_shapes(*[tuple(s) for s in shapes]))
     size = int(np.prod(shape, dtype=np.int64))
