@@ -72,12 +72,18 @@ class Masked:
                 None if leaf is None else leaf.narrow(a, 0, length)
                 for leaf, a in zip(xs_leaves, plan.axes, strict=True)
             ]
-        mask = torch.arange(length, device=lengths.device)[:, None] < lengths[None, :]
+        # Shaped to broadcast against a carry leaf as it is (B examples along batch_axis), so
+        # that a step selects with it as it comes. Built with unsqueezes: a reshape exports as
+        # a Reshape whose shape may hold 0, which opsets before 14 read otherwise.
+        rank = next((leaf.ndim for leaf in plan.carry_type.leaves if leaf is not None), 1)
+        positions = torch.arange(length, device=lengths.device)[(..., *[None] * rank)]
+        mask = positions < _spread(lengths, rank, batch_axis)[None]
         self.xs = (_pytree.tree_unflatten(xs_leaves, plan.xs_spec), mask)
         leaves, spec = _pytree.tree_flatten(self.xs)
         self.plan = _checks.ScanPlan(plan.carry_type, leaves, spec, [*plan.axes, 0], length)
         self.directions = Directions([*directions.inputs, reverse], directions.output_prefix)
-        self.fn = _masked(api, fn, plan.carry_type, batch, batch_axis)
+        eager = longest is not None
+        self.fn = _masked(api, fn, plan.carry_type, batch, batch_axis, eager)
 
     def finish(self, carry: Any, ys: Any) -> tuple[Any, Any]:
         """``(carry, ys)`` with ys extended by zeros to the padded length, where the positions
@@ -168,11 +174,26 @@ def _check_batch(api: str, root: str, tree: Any, batch: int, batch_axis: int, wo
 
 
 def _masked(
-    api: str, fn: Callable, carry_type: _checks.CarryType, batch: int, batch_axis: int
+    api: str,
+    fn: Callable,
+    carry_type: _checks.CarryType,
+    batch: int,
+    batch_axis: int,
+    eager: bool,
 ) -> Callable:
     """``fn`` whose new carry is the old one, and whose ``y`` is zeros, for every example
     whose step this is not (``valid`` false)."""
     checked_y = False
+    zeros: dict[Any, torch.Tensor] = {}
+
+    def zero(leaf: torch.Tensor) -> torch.Tensor:
+        """A 0-d zero of the dtype of ``leaf``, made once eagerly (a constant when traced)."""
+        if not eager:
+            return torch.zeros((), dtype=leaf.dtype, device=leaf.device)
+        made = zeros.get(leaf.dtype)
+        if made is None:
+            made = zeros[leaf.dtype] = torch.zeros((), dtype=leaf.dtype, device=leaf.device)
+        return made
 
     @functools.wraps(fn)
     def masked(carry: Any, x_and_valid: Any) -> Any:
@@ -187,59 +208,67 @@ def _masked(
                 )
             return out  # refused, with the usual message, by the caller
         new, y = out
-        y_leaves = _pytree.tree_leaves(y)
         if not checked_y:
-            _checks.check_tensor_leaves(api, "y", y, y_leaves)
+            _checks.check_tensor_leaves(api, "y", y, _pytree.tree_leaves(y))
             checked_y = True
+        rank = valid.ndim
         # torch.where would broadcast a y or carry of another shape to the right one.
-        if not all(t is None or _has_batch(t, batch, batch_axis) for t in y_leaves):
-            _check_batch(api, "y", y, batch, batch_axis, "y of every step")
-        shaped: dict[int, torch.Tensor] = {}
-
-        def along(leaf: torch.Tensor) -> torch.Tensor:
-            flags = shaped.get(leaf.ndim)
-            if flags is None:
-                flags = shaped[leaf.ndim] = _along(valid, leaf, batch_axis)
-            return flags
-
         if isinstance(new, torch.Tensor) and isinstance(carry, torch.Tensor):
             if new.shape != carry.shape or new.dtype != carry.dtype:
                 carry_type.check(new, "")
-            new = torch.where(along(new), new, carry)
+            new = torch.where(valid if new.ndim == rank else flags(valid, new), new, carry)
         else:
-            carry_type.check(new, "")
-            new = _pytree.tree_map(
-                lambda n, c: n if n is None else torch.where(along(n), n, c), new, carry
-            )
+            new = _select_carry(carry_type, valid, new, carry)
         if isinstance(y, torch.Tensor):
-            return new, torch.where(along(y), y, _zero(y))
-        return new, _pytree.tree_map(
-            lambda t: t if t is None else torch.where(along(t), t, _zero(t)), y
+            if not _has_batch(y, batch, batch_axis):
+                _check_batch(api, "y", y, batch, batch_axis, "y of every step")
+            return new, torch.where(valid if y.ndim == rank else flags(valid, y), y, zero(y))
+        y_leaves, y_spec = _pytree.tree_flatten(y)
+        if not all(t is None or _has_batch(t, batch, batch_axis) for t in y_leaves):
+            _check_batch(api, "y", y, batch, batch_axis, "y of every step")
+        return new, _pytree.tree_unflatten(
+            [t if t is None else torch.where(flags(valid, t), t, zero(t)) for t in y_leaves],
+            y_spec,
+        )
+
+    def flags(valid: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+        """The flags of the step shaped to broadcast against ``leaf``."""
+        if leaf.ndim == valid.ndim:
+            return valid
+        others = [d for d in range(valid.ndim) if d != batch_axis % valid.ndim]
+        return _spread(valid.squeeze(others) if others else valid, leaf.ndim, batch_axis)
+
+    def _select_carry(
+        carry_type: _checks.CarryType, valid: torch.Tensor, new: Any, carry: Any
+    ) -> Any:
+        new_leaves, new_spec = _pytree.tree_flatten(new)
+        old_leaves = _pytree.tree_leaves(carry)
+        if len(new_leaves) != len(old_leaves) or not all(
+            n is o or (n is not None and o is not None and _same(n, o))
+            for n, o in zip(new_leaves, old_leaves, strict=True)
+        ):
+            carry_type.check(new, "")
+        return _pytree.tree_unflatten(
+            [
+                n if n is None else torch.where(flags(valid, n), n, o)
+                for n, o in zip(new_leaves, old_leaves, strict=True)
+            ],
+            new_spec,
         )
 
     return masked
+
+
+def _same(new: torch.Tensor, old: torch.Tensor) -> bool:
+    return new.shape == old.shape and new.dtype == old.dtype
 
 
 def _has_batch(leaf: torch.Tensor, batch: int, batch_axis: int) -> bool:
     return -leaf.ndim <= batch_axis < leaf.ndim and leaf.shape[batch_axis] == batch
 
 
-def _along(valid: torch.Tensor, leaf: torch.Tensor, batch_axis: int) -> torch.Tensor:
-    """``valid`` (one flag per example) shaped to broadcast along ``batch_axis`` of ``leaf``."""
-    shape = [1] * leaf.ndim
-    shape[batch_axis] = -1
-    return valid.reshape(shape)
-
-
-_zeros: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-
-
-def _zero(leaf: torch.Tensor) -> torch.Tensor:
-    """A 0-d zero of the dtype and device of ``leaf`` (made once: a constant under tracing)."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or _is_fake(leaf):
-        return torch.zeros((), dtype=leaf.dtype, device=leaf.device)
-    key = (leaf.dtype, leaf.device)
-    zero = _zeros.get(key)
-    if zero is None:
-        zero = _zeros[key] = torch.zeros((), dtype=leaf.dtype, device=leaf.device)
-    return zero
+def _spread(flags: torch.Tensor, rank: int, batch_axis: int) -> torch.Tensor:
+    """``flags``, one per example, with axes of 1 around them: rank ``rank``, the examples along
+    ``batch_axis``."""
+    axis = batch_axis % rank
+    return flags[(*[None] * axis, slice(None), *[None] * (rank - axis - 1))]

@@ -288,7 +288,7 @@ def test_padded_scan_masks_inside_the_scan(opset: int) -> None:
 def test_padded_scan_with_a_dynamic_batch_is_refused_at_opset_8() -> None:
     """Below opset 9, Where is computed from the static shape of its result."""
     case = CASES["padded-gru"]
-    with pytest.raises(OpsetConversionError, match="Where .*needs a static batch size"):
+    with pytest.raises(OpsetConversionError, match=r"Where .*needs a static batch size"):
         onnx_export(
             model("padded-gru"), case.inputs(EXPORT_T, EXPORT_B), dynamo=True,
             opset_version=8, dynamic_shapes=case.dynamic_shapes(9),
