@@ -97,12 +97,8 @@ def directions(api: str, xs: Any, reverse: Any, in_reverse: Any, out_reverse: An
         inputs = [reverse] * len(_pytree.tree_leaves(xs))
     else:
         inputs = per_leaf(api, "in_reverse", in_reverse, xs, "xs", bool)
-    if out_reverse is None:
-        output_prefix: Any = reverse
-    elif isinstance(out_reverse, bool):
-        output_prefix = out_reverse
-    else:
-        output_prefix = out_reverse  # checked against y once the first step returns it
+    # a bool, or a pytree prefix of y, checked once the first step returns y
+    output_prefix = reverse if out_reverse is None else out_reverse
     return Directions(inputs, output_prefix)
 
 
@@ -116,10 +112,6 @@ class OutLayout:
     axes_prefix: Any = None
     reverse_prefix: Any = False
 
-    @property
-    def uniform_axis(self) -> int | None:
-        return self.axis if self.axes_prefix is None else None
-
     def axes(self, y: Any) -> list[int]:
         if self.axes_prefix is None:
             return [self.axis] * len(_pytree.tree_leaves(y))
@@ -129,6 +121,3 @@ class OutLayout:
         if isinstance(self.reverse_prefix, bool):
             return [self.reverse_prefix] * len(_pytree.tree_leaves(y))
         return per_leaf(self.api, "out_reverse", self.reverse_prefix, y, "y", bool)
-
-    def axis_name(self, index: int) -> str:
-        return "axis" if self.axes_prefix is None else "out_axes"
