@@ -16,6 +16,8 @@ import torch.utils._pytree as pytree
 
 import torchscan
 
+from .test_scan_errors import errors
+
 DTYPE = torch.float64
 F, H = 3, 4
 _gen = torch.Generator().manual_seed(0)
@@ -23,23 +25,6 @@ _gen = torch.Generator().manual_seed(0)
 
 def randn(*shape: int, generator: torch.Generator | None = None) -> torch.Tensor:
     return torch.randn(shape, generator=generator or _gen, dtype=DTYPE)
-
-
-def errors(error: type[Exception], *lines: str):
-    """Expect ``error`` whose message is exactly ``lines`` joined by newlines."""
-
-    class Matcher:
-        def __enter__(self):
-            self.context = pytest.raises(error)
-            self.info = self.context.__enter__()
-            return self.info
-
-        def __exit__(self, *exc):
-            suppressed = self.context.__exit__(*exc)
-            assert str(self.info.value) == "\n".join(lines)
-            return suppressed
-
-    return Matcher()
 
 
 # -- the oracle ---------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import torchscan
 
+from .test_scan_errors import errors
+
 F, H = 3, 4
 DTYPE = torch.float64
 _gen = torch.Generator().manual_seed(0)
@@ -22,23 +24,6 @@ _gen = torch.Generator().manual_seed(0)
 
 def randn(*shape: int, generator: torch.Generator | None = None) -> torch.Tensor:
     return torch.randn(shape, generator=generator or _gen, dtype=DTYPE)
-
-
-def errors(error: type[Exception], *lines: str):
-    """Expect ``error`` whose message is exactly ``lines`` joined by newlines."""
-
-    class Matcher:
-        def __enter__(self):
-            self.context = pytest.raises(error)
-            self.info = self.context.__enter__()
-            return self.info
-
-        def __exit__(self, *exc):
-            suppressed = self.context.__exit__(*exc)
-            assert str(self.info.value) == "\n".join(lines)
-            return suppressed
-
-    return Matcher()
 
 
 # -- the oracle: every example alone, on its valid prefix ---------------------------------------
