@@ -19,10 +19,13 @@ from torchscan._errors import TorchscanValueError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-"""Findings, outputs that disagree, a runtime that failed on the model or did not end within the
-timeout, or (``--strict``) fewer than two sources that ran the model."""
+"""Findings, outputs that disagree, or a runtime that failed on the model or did not end within
+the timeout."""
 EXIT_UNREADABLE = 2
 """The model or the inputs cannot be read, or the options do not fit the model."""
+EXIT_NOT_COMPARED = 3
+"""The model is clean, but fewer than two independent sources ran it, so no outputs were held
+against anything (unless ``--allow-single-source``)."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C: 128 + SIGINT, as shells report a command that SIGINT ended."""
 DEFAULT_TIMEOUT = 60.0
@@ -64,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
       The exit status: 0 when the model is clean, 1 on findings, mismatches or timeouts, 2 when
       the model, the inputs or the options cannot be used (one line on stderr says why, and
-      with ``--json`` a JSON document on stdout), 130 on Ctrl-C.
+      with ``--json`` a JSON document on stdout), 3 when fewer than two independent sources
+      ran the model (not compared), 130 on Ctrl-C.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
@@ -113,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
             "model in onnxruntime and onnx's reference evaluator, and compare their outputs "
             "(with the expected outputs where the inputs come with them). Exit status: 0 "
             "clean, 1 findings, mismatches or timeouts, 2 unreadable input or wrong options, "
-            "130 Ctrl-C."
+            "3 not compared (fewer than two independent runtimes ran the model), 130 Ctrl-C."
         ),
     )
     check.add_argument("model", metavar="MODEL.onnx", help="the ONNX model to check")
@@ -144,13 +148,20 @@ def _parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
-        help=f"seconds each runtime (and PyTorch) may run before it is stopped and reported as "
-        f"timed out, a failure ({DEFAULT_TIMEOUT:g})",
+        help=f"seconds each runtime (and PyTorch) may run the model before it is stopped and "
+        f"reported as timed out, a failure ({DEFAULT_TIMEOUT:g}); a child process's start-up "
+        f"does not count",
+    )
+    check.add_argument(
+        "--allow-single-source",
+        action="store_true",
+        help="pass (exit 0) where fewer than two independent sources ran the model, so nothing "
+        "was compared (exit 3 by default)",
     )
     check.add_argument(
         "--strict",
         action="store_true",
-        help="fail (exit 1) where fewer than two sources ran the model, so nothing was compared",
+        help="the default: a check that fewer than two independent sources ran exits 3",
     )
     check.add_argument(
         "--module",
@@ -195,13 +206,21 @@ def _dim(text: str) -> tuple[str, int]:
 def _check(options: argparse.Namespace) -> int:
     from torchscan.onnx._check._compare import RUNTIMES, check
 
-    if options.strict and options.lint_only:
+    if options.strict and options.allow_single_source:
         return _fail(
-            "--strict fails where fewer than two sources ran the model, and --lint-only runs "
-            "none; give one of them",
+            "--strict fails where fewer than two sources ran the model, and "
+            "--allow-single-source passes; give one of them",
             options.json,
             EXIT_UNREADABLE,
         )
+    for option, does in (("strict", "fails"), ("allow_single_source", "passes")):
+        if getattr(options, option) and options.lint_only:
+            return _fail(
+                f"--{option.replace('_', '-')} {does} where fewer than two sources ran the model, "
+                "and --lint-only runs none; give one of them",
+                options.json,
+                EXIT_UNREADABLE,
+            )
     if options.module and options.lint_only:
         return _fail(
             "--module gives a baseline for the runtimes, and --lint-only runs none; give one of "
@@ -220,7 +239,7 @@ def _check(options: argparse.Namespace) -> int:
             runtimes=() if options.lint_only else RUNTIMES,
             module=module,
             timeout=options.timeout,
-            strict=options.strict,
+            strict=not options.allow_single_source,
         )
     except (OSError, ValueError) as error:
         return _fail(str(error), options.json, EXIT_UNREADABLE)
@@ -235,7 +254,9 @@ def _check(options: argparse.Namespace) -> int:
         print(report.to_json())
     else:
         _print(report)
-    return EXIT_OK if report.ok else EXIT_FAILED
+    if report.ok:
+        return EXIT_OK
+    return EXIT_NOT_COMPARED if report.verdict == "not compared" else EXIT_FAILED
 
 
 def _baseline(spec: str) -> Any:

@@ -231,7 +231,7 @@ def sequence_state_and_order(t: int) -> tuple[torch.Tensor, ...]:
 
 
 # onnx.reference cannot run a Loop that runs no iteration
-# (torchscan.onnx._check._runtimes._spec_loop): the reference_lengths of a case leave out the
+# (torchscan.onnx._check._reference_ops.spec_loop): the reference_lengths of a case leave out the
 # inputs that run none.
 class ForShifted(Cell):
     """``for i in range(T - 1)`` reading ``xs[i + 1]``, with a dynamic batch: at length 1 no
@@ -243,6 +243,34 @@ class ForShifted(Cell):
             return h, (h, xs[i].sum(-1) > 0)
 
         return torchscan.loop(body, h, trip_count=xs.shape[0] - 1)
+
+
+class CountAfterFor(Cell):
+    """A size read from the stacked outputs of a loop with a tensor trip count, used to make a
+    tensor after it: a static shape left on the way would be folded into a constant."""
+
+    def forward(self, n, h):
+        _, hs = torchscan.loop(lambda i, h: (torch.tanh(h + i), h), h, trip_count=n)
+        ran = hs.shape[0]
+        return hs, torch.arange(ran, dtype=torch.float32) * 2 + ran
+
+
+class CountAfterUntil(torch.nn.Module):
+    """The same after a loop that stops with until, and may run no iteration."""
+
+    def forward(self, threshold, h):
+        def body(i, h):
+            h = h * 1.5 + 0.1
+            return h, h.sum(-1), torchscan.until(h.sum() > threshold)
+
+        _, sums = torchscan.loop(body, h.abs(), cond=threshold > 0)
+        ran = sums.shape[0]
+        return sums, torch.ones(ran, 2) * ran
+
+
+def signed_thresholds(t: int) -> tuple[torch.Tensor, ...]:
+    """Thresholds for 0 (negative: no iteration), then ever more iterations."""
+    return torch.tensor(float(t * 7) if t else -1.0), randn(B, H)
 
 
 def dynamic_time_and_batch():
@@ -267,6 +295,14 @@ CASES: dict[str, Case] = {
         ForWithCond, flag_and_sequence, lambda: (None, {0: Dim("T", min=1)}, None), {"Loop": 1},
         run_lengths=(1, 5, 6),
         reference_lengths=(1, 5),
+    ),
+    "count-after-for": Case(
+        CountAfterFor, counts, lambda: None, {"Loop": 1}, run_lengths=(0, 1, 6),
+        reference_lengths=(1, 6),
+    ),
+    "count-after-until": Case(
+        CountAfterUntil, signed_thresholds, lambda: None, {"Loop": 1}, run_lengths=(0, 1, 6),
+        reference_lengths=(1, 6),
     ),
     "for-shifted": Case(
         ForShifted, sequence_and_state, dynamic_time_and_batch, {"Loop": 1},

@@ -30,13 +30,11 @@ class Case:
     dynamic_shapes: Callable[[], object]
     ops: dict[str, int] = dataclasses.field(default_factory=lambda: {"Scan": 1})
     """How many nodes of each loop operator the model has, bodies included."""
-    reference: bool = True
-    """Whether onnx.reference can run it (Scan on axis 0, forward only)."""
     export_length: int = 3
     run_lengths: tuple[int, ...] = (1, 6)
     reference_lengths: tuple[int, ...] | None = None
     """The run lengths onnx.reference can run, where they differ: it cannot run a Loop that runs
-    no iteration (torchscan.onnx._check._runtimes._spec_loop)."""
+    no iteration (torchscan.onnx._check._reference_ops.spec_loop)."""
 
 
 def time_major(*feature_shapes: tuple[int, ...]):
@@ -357,16 +355,14 @@ CASES: dict[str, Case] = {
         lambda: Elman(axis=1),
         lambda t: (randn(B, t, F), randn(B, H)),
         dynamic_time(1, axis=1),
-        reference=False,
     ),
     "reverse": Case(
-        lambda: Elman(reverse=True), time_major((F,)), dynamic_time(1), reference=False
+        lambda: Elman(reverse=True), time_major((F,)), dynamic_time(1)
     ),
     "axis-1-reverse": Case(
         lambda: Elman(axis=-1, reverse=True),
         lambda t: (randn(B, F, t), randn(B, H)),
         dynamic_time(1, axis=2),
-        reference=False,
     ),
     "dict-pytrees": Case(DictPytrees, time_major((F,), (1,)), dynamic_time(2)),
     "lstm-namedtuple": Case(LSTMNamedTuple, time_major((F,)), dynamic_time(1)),
@@ -378,7 +374,7 @@ CASES: dict[str, Case] = {
     "integer-carries": Case(IntegerCarries, time_major((F,)), dynamic_time(1)),
     "length-only": Case(LengthOnly, time_major((F,)), lambda: None, run_lengths=()),
     "length-of-input": Case(LengthOfInput, time_major((F,)), dynamic_time(1)),
-    "nested": Case(Nested, time_major((H,)), dynamic_time(1), ops={"Scan": 2}, reference=False),
+    "nested": Case(Nested, time_major((H,)), dynamic_time(1), ops={"Scan": 2}),
     "until-inside-scan": Case(
         UntilInsideScan, time_major((H,)), dynamic_time(1), ops={"Scan": 1, "Loop": 1}
     ),
@@ -387,7 +383,6 @@ CASES: dict[str, Case] = {
         time_major((H,)),
         dynamic_time(1),
         ops={"Scan": 1, "Loop": 1},
-        reference=False,  # the reference evaluator's Scan runs axis 0 only
     ),
     "until": Case(UntilScan, time_major((F,)), dynamic_time(1), ops={"Loop": 1}),
     "until-axis1-reverse": Case(
@@ -397,7 +392,7 @@ CASES: dict[str, Case] = {
         ops={"Loop": 1},
     ),
     "two-scans": Case(
-        TwoScans, time_major((1,)), dynamic_time(1), ops={"Scan": 2}, reference=False
+        TwoScans, time_major((1,)), dynamic_time(1), ops={"Scan": 2}
     ),
     "invariant-outputs": Case(InvariantOutputs, time_major((F,)), dynamic_time(1)),
     "integer-masks": Case(IntegerMasks, time_major((F,)), dynamic_time(1)),
@@ -406,7 +401,6 @@ CASES: dict[str, Case] = {
         ShiftedAxis1Reverse,
         batch_first,
         dynamic_time(1, axis=1),
-        reference=False,
         run_lengths=(1, 2, 6),
     ),
     "shifted-fold": Case(ShiftedFold, time_major((F,)), dynamic_time(1), run_lengths=(1, 2, 6)),

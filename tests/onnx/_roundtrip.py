@@ -8,6 +8,7 @@ import onnx
 import torch
 
 from torchscan.onnx import loop_version, scan_version
+from torchscan.onnx._check._lint import lint
 
 from ._models import Case
 from ._runtimes import (
@@ -83,6 +84,14 @@ def check_structure(model: onnx.ModelProto, case: Case, opset: int) -> None:
         if node.op_type == "Loop":
             assert loop_version(opset).op == "Loop"
             assert list(attributes) == ["body"]
+
+
+def check_valid(model: onnx.ModelProto) -> None:
+    """``onnx.checker`` in full, and torchscan's lint of its Scan, Loop and If nodes (an If
+    whose branches disagree on a static shape misleads onnxruntime's optimizations)."""
+    onnx.checker.check_model(model, full_check=True)
+    findings = lint(model).findings
+    assert not findings, "\n".join(map(str, findings))
 
 
 def check_onnxruntime(model: onnx.ModelProto, eager: torch.nn.Module, case: Case) -> None:

@@ -50,15 +50,17 @@ def test_onnxruntime_without_a_kernel_is_not_supported_and_the_reference_is_the_
     nodes = [oh.make_node("Max", ["h_in", "x_t"], ["h_out"], name="max")]
     model = scan_model(nodes, TensorProto.INT16)
     report = torchscan.onnx.check(model)
-    assert report.ok, report
+    assert (report.verdict, report.ok) == ("not compared", False), report
+    lacks = (
+        "unsupported",
+        "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for "
+        "Max(13) node with name 'max'",
+    )
     statuses = {c.source: (c.status, c.reason) for c in report.comparisons}
     assert statuses == {
         "reference": ("baseline", ""),
-        "onnxruntime": (
-            "unsupported",
-            "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for "
-            "Max(13) node with name 'max'",
-        ),
+        "onnxruntime": lacks,
+        "onnxruntime-unoptimized": lacks,
     }
     lines = str(report).splitlines()
     assert (
@@ -66,26 +68,31 @@ def test_onnxruntime_without_a_kernel_is_not_supported_and_the_reference_is_the_
         "Could not find an implementation for Max(13) node with name 'max'"
     ) in lines
     assert lines[-1] == (
-        "OK: 1 Scan/Loop node checked, no findings; too few sources ran the model to compare "
-        "outputs: only reference ran (onnxruntime: not supported by that runtime)"
+        "NOT COMPARED: 1 Scan/Loop node checked, no findings; too few independent sources ran "
+        "the model to compare outputs: only reference ran (onnxruntime: not supported by that "
+        "runtime; onnxruntime-unoptimized: not supported by that runtime)"
     )
+    accepted = torchscan.onnx.check(model, strict=False)
+    assert (accepted.verdict, accepted.ok) == ("not compared", True)
+    assert str(accepted).splitlines()[-1].endswith("(a single source was accepted)")
 
 
 def test_no_source_that_runs_the_model_is_said_plainly() -> None:
-    # The reference evaluator runs no reversed Scan; onnxruntime no Max-13 of int16.
+    # onnxruntime has no Max-13 of int16; the reference evaluator is not asked for.
     nodes = [oh.make_node("Max", ["h_in", "x_t"], ["h_out"], name="max")]
-    report = torchscan.onnx.check(scan_model(nodes, TensorProto.INT16, reverse=True))
-    assert report.ok, report
+    model = scan_model(nodes, TensorProto.INT16, reverse=True)
+    report = torchscan.onnx.check(model, runtimes=("onnxruntime",))
+    assert (report.verdict, report.ok) == ("not compared", False), report
     assert [c.status for c in report.comparisons] == ["unsupported", "unsupported"]
     lines = str(report).splitlines()
     assert lines[-3:] == [
         "onnxruntime: not supported by that runtime: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : "
         "Could not find an implementation for Max(13) node with name 'max'",
-        "reference: not supported by that runtime: onnx.reference runs Scan only along axis 0, "
-        "forward (scan_input_directions)",
-        "OK: 1 Scan/Loop node checked, no findings; too few sources ran the model to compare "
-        "outputs: none ran (onnxruntime: not supported by that runtime; reference: not supported "
-        "by that runtime)",
+        "onnxruntime-unoptimized: not supported by that runtime: [ONNXRuntimeError] : 9 : "
+        "NOT_IMPLEMENTED : Could not find an implementation for Max(13) node with name 'max'",
+        "NOT COMPARED: 1 Scan/Loop node checked, no findings; too few independent sources ran "
+        "the model to compare outputs: none ran (onnxruntime: not supported by that runtime; "
+        "onnxruntime-unoptimized: not supported by that runtime)",
     ]
     rows = [" ".join(line.strip("│ ").split()) for line in str(report).splitlines()]
     assert "onnxruntime │ │ │ │ │ not supported by that runtime" in rows
@@ -94,9 +101,11 @@ def test_no_source_that_runs_the_model_is_said_plainly() -> None:
 def test_one_runtime_asked_for_is_too_few_without_any_other_to_blame() -> None:
     model = scan_model([oh.make_node("Add", ["h_in", "x_t"], ["h_out"])])
     report = torchscan.onnx.check(model, runtimes=("onnxruntime",))
+    # its two optimization levels are one runtime
+    assert [c.status for c in report.comparisons] == ["baseline", "ok"]
     assert report.summary() == (
-        "OK: 1 Scan/Loop node checked, no findings; too few sources ran the model to compare "
-        "outputs: only onnxruntime ran"
+        "NOT COMPARED: 1 Scan/Loop node checked, no findings; too few independent sources ran "
+        "the model to compare outputs: only onnxruntime ran"
     )
 
 
@@ -104,16 +113,19 @@ def test_an_operator_that_onnx_does_not_have_is_an_error_of_both_runtimes() -> N
     model = scan_model([oh.make_node("NoSuchOp", ["h_in", "x_t"], ["h_out"])])
     report = torchscan.onnx.check(model)
     assert not report.ok
+    invalid = "[ONNXRuntimeError] : 10 : INVALID_GRAPH : This is an invalid model."
     starts = {
-        "onnxruntime": "[ONNXRuntimeError] : 10 : INVALID_GRAPH : This is an invalid model.",
+        "onnxruntime": invalid,
+        "onnxruntime-unoptimized": invalid,
         "reference": "No registered schema for operator 'NoSuchOp' and domain ''.",
     }
+    assert [c.source for c in report.comparisons] == list(starts)
     for c in report.comparisons:
         assert c.status == "error"
         assert c.reason.startswith(starts[c.source])
     lines = str(report).splitlines()
     assert any(line.startswith("onnxruntime: error: [ONNXRuntimeError] : 10 : ") for line in lines)
-    assert lines[-1] == "FAILED: onnxruntime error, reference error"
+    assert lines[-1] == "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error"
 
 
 def test_an_operator_of_another_domain_is_not_supported_by_the_reference_evaluator() -> None:
@@ -121,7 +133,7 @@ def test_an_operator_of_another_domain_is_not_supported_by_the_reference_evaluat
     model = scan_model([oh.make_node("Gelu", ["x_t"], ["h_out"], domain="com.microsoft")])
     model.opset_import.append(oh.make_opsetid("com.microsoft", 1))
     report = torchscan.onnx.check(model)
-    assert report.ok, report
+    assert report.verdict == "not compared", report
     lines = str(report).splitlines()
     assert (
         "reference: not supported by that runtime: Node type 'Gelu' from domain 'com.microsoft' "
@@ -138,9 +150,12 @@ def test_shapes_that_do_not_fit_are_an_error_of_both_runtimes() -> None:
     assert not report.ok
     assert {c.source: c.status for c in report.comparisons} == {
         "onnxruntime": "error",
+        "onnxruntime-unoptimized": "error",
         "reference": "error",
     }
-    assert report.summary() == "FAILED: onnxruntime error, reference error"
+    assert report.summary() == (
+        "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error"
+    )
 
 
 def test_a_mismatch_between_runtimes_that_ran_still_fails() -> None:
@@ -151,7 +166,9 @@ def test_a_mismatch_between_runtimes_that_ran_still_fails() -> None:
         model, inputs=[h0, xs], expected=[xs.sum(0) + 1, np.cumsum(xs, 0)]
     )
     assert not report.ok
-    assert report.summary() == "FAILED: onnxruntime mismatch, reference mismatch"
+    assert report.summary() == (
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch"
+    )
 
 
 class NotImplemented(RuntimeError):  # onnxruntime's exception for its status NOT_IMPLEMENTED
@@ -167,6 +184,8 @@ class InvalidArgument(RuntimeError):
     [
         ("onnxruntime", NotImplemented("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : ..."), True),
         ("onnxruntime", _ChildError("NotImplemented", "[ONNXRuntimeError] : 9 : ..."), True),
+        ("onnxruntime-unoptimized", NotImplemented("[ONNXRuntimeError] : 9 : ..."), True),
+        ("onnxruntime-unoptimized", InvalidArgument("[ONNXRuntimeError] : 2 : ..."), False),
         ("onnxruntime", InvalidArgument("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : ..."), False),
         ("onnxruntime", _ChildError("InvalidGraph", "[ONNXRuntimeError] : 10 : ..."), False),
         ("onnxruntime", _ChildError("Fail", "op is not supported"), False),

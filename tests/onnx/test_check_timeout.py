@@ -1,9 +1,11 @@
 """``torchscan.onnx.check`` always ends: a source of outputs that runs past ``timeout`` is stopped
-and reported as timed out; ``strict`` fails a check that compared nothing; a PyTorch module given
-without ``args`` runs on the model's inputs."""
+and reported as timed out, the limit counting from the model's run; a check that compared nothing
+is not compared, and fails unless ``strict=False``; a PyTorch module given without ``args`` runs
+on the model's inputs."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -15,7 +17,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 import torchscan.onnx
-from torchscan.onnx._check import _limit
+from torchscan.onnx._check import _limit, _runtimes
 
 from .test_check_runtimes import scan_model
 
@@ -49,13 +51,15 @@ def test_a_loop_that_does_not_end_in_time_is_stopped_in_every_runtime() -> None:
     statuses = {c.source: (c.status, c.reason) for c in report.comparisons}
     assert statuses == {
         "onnxruntime": ("timeout", "timed out after 0.5 s"),
+        "onnxruntime-unoptimized": ("timeout", "timed out after 0.5 s"),
         "reference": ("timeout", "timed out after 0.5 s"),
     }
     lines = str(report).splitlines()
-    assert lines[-3:] == [
+    assert lines[-4:] == [
         "onnxruntime: timed out after 0.5 s",
+        "onnxruntime-unoptimized: timed out after 0.5 s",
         "reference: timed out after 0.5 s",
-        "FAILED: onnxruntime timed out, reference timed out",
+        "FAILED: onnxruntime timed out, onnxruntime-unoptimized timed out, reference timed out",
     ]
     rows = [" ".join(line.strip("│ ").split()) for line in lines]
     assert "onnxruntime │ │ │ │ │ timed out" in rows
@@ -80,6 +84,7 @@ def test_a_pytorch_module_that_does_not_end_in_time_is_stopped() -> None:
     assert [(c.source, c.status) for c in report.comparisons] == [
         ("pytorch", "timeout"),
         ("onnxruntime", "timeout"),
+        ("onnxruntime-unoptimized", "timeout"),
         ("reference", "timeout"),
     ]
 
@@ -88,9 +93,52 @@ def test_onnxruntime_in_a_child_process_is_killed_when_it_does_not_end_in_time()
     # Inputs with an empty dimension run in onnxruntime in a child process.
     model = spinning_loop()
     model.graph.input.append(oh.make_tensor_value_info("unused", 1, (0,)))
-    report = torchscan.onnx.check(model, timeout=1)
+    report = torchscan.onnx.check(model, timeout=1, runtimes=("onnxruntime",))
     assert report.inputs[-1] == "unused: float32[0]"
-    assert {c.source: c.status for c in report.comparisons}["onnxruntime"] == "timeout"
+    assert [c.status for c in report.comparisons] == ["timeout", "timeout"]
+
+
+def test_the_start_up_of_a_child_process_does_not_count_against_the_time_limit(
+    tmp_path, monkeypatch
+) -> None:
+    # A Python that takes 1.5 s to start, more than the limit: the model's run is what counts.
+    slow = tmp_path / "slow-python"
+    slow.write_text(f'#!/bin/sh\nsleep 1.5\nexec "{sys.executable}" "$@"\n')
+    slow.chmod(0o755)
+    monkeypatch.setattr(_runtimes.sys, "executable", str(slow))
+    model = scan_model([oh.make_node("Add", ["h_in", "x_t"], ["h_out"])])
+    model.graph.input.append(oh.make_tensor_value_info("unused", 1, (0,)))  # a child process
+    start = time.monotonic()
+    report = torchscan.onnx.check(model, timeout=1)
+    assert time.monotonic() - start > 3  # two children, each 1.5 s to start
+    assert report.ok, report
+    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok"]
+
+
+def test_the_child_process_imports_neither_torch_nor_torchscan(tmp_path) -> None:
+    """Its start-up costs what onnxruntime's import costs."""
+    import pickle
+    import subprocess
+
+    model = scan_model([oh.make_node("Add", ["h_in", "x_t"], ["h_out"])])
+    feeds = {"h0": np.zeros(2, np.float32), "xs": np.ones((3, 2), np.float32)}
+    with open(tmp_path / "in.pkl", "wb") as f:
+        pickle.dump((model.SerializeToString(), feeds, "default"), f)
+    probe = (
+        "import runpy, sys; sys.argv = [sys.argv[1], sys.argv[2]]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchscan', 'onnx')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, _runtimes._ort.__file__, str(tmp_path)],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert out == ["ready", "[]"]
+    with open(tmp_path / "out.pkl", "rb") as f:
+        status, (final, ys) = pickle.load(f)
+    assert status == "ok"
+    np.testing.assert_array_equal(final, [3, 3])
+    np.testing.assert_array_equal(ys, [[1, 1], [2, 2], [3, 3]])
 
 
 def test_a_fast_model_gives_the_same_report_under_a_time_limit() -> None:
@@ -132,16 +180,21 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout: object) -> 
     )
 
 
-def test_strict_fails_a_check_that_compared_nothing() -> None:
+def test_a_check_that_compared_nothing_is_not_compared_and_fails() -> None:
     model = scan_model([oh.make_node("Add", ["h_in", "x_t"], ["h_out"])])
-    report = torchscan.onnx.check(model, runtimes=("onnxruntime",), strict=True)
-    assert not report.ok
-    assert report.ran == ("onnxruntime",)
+    report = torchscan.onnx.check(model, runtimes=("onnxruntime",))
+    assert (report.verdict, report.ok, report.strict) == ("not compared", False, True)
+    assert report.ran == ("onnxruntime-unoptimized", "onnxruntime")  # the baseline first
+    assert report.independent == ("onnxruntime",)
     assert report.summary() == (
-        "FAILED: too few sources ran the model to compare outputs: only onnxruntime ran (strict)"
+        "NOT COMPARED: 1 Scan/Loop node checked, no findings; too few independent sources ran "
+        "the model to compare outputs: only onnxruntime ran"
     )
-    assert report.to_dict()["status"] == "failed"
-    assert torchscan.onnx.check(model, strict=True).ok
+    assert (report.to_dict()["status"], report.to_dict()["ok"]) == ("not compared", False)
+    accepted = torchscan.onnx.check(model, runtimes=("onnxruntime",), strict=False)
+    assert (accepted.verdict, accepted.ok) == ("not compared", True)
+    assert (accepted.to_dict()["status"], accepted.to_dict()["ok"]) == ("not compared", True)
+    assert torchscan.onnx.check(model).ok
 
 
 def test_a_module_without_args_runs_on_the_inputs() -> None:
@@ -157,7 +210,10 @@ def test_a_module_without_args_runs_on_the_inputs() -> None:
     assert [(c.source, c.status) for c in report.comparisons] == [
         ("pytorch", "baseline"),
         ("onnxruntime", "ok"),
+        ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
     ]
     wrong = torchscan.onnx.check(model, module=lambda h0, xs: (h0, xs), inputs=[h0, xs])
-    assert wrong.summary() == "FAILED: onnxruntime mismatch, reference mismatch"
+    assert wrong.summary() == (
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch"
+    )

@@ -94,8 +94,12 @@ def test_an_onnx_backend_case_read_from_its_files_matches_its_expected_outputs(
     report = torchscan.onnx.check(tmp_path / "model.onnx", inputs=tmp_path / "test_data_set_0")
     assert report.ok, report
     statuses = {c.source: c.status for c in report.comparisons}
-    reference = "unsupported" if name == "test_scan_sum" else "ok"  # Scan-8
-    assert statuses == {"expected": "baseline", "onnxruntime": "ok", "reference": reference}
+    assert statuses == {
+        "expected": "baseline",
+        "onnxruntime": "ok",
+        "onnxruntime-unoptimized": "ok",
+        "reference": "ok",  # Scan-8 (test_scan_sum) too
+    }
 
 
 @pytest.mark.parametrize("name", BACKEND_CASES)
@@ -106,8 +110,12 @@ def test_an_onnx_backend_case_passes_lint_and_matches_its_expected_outputs(name:
     assert report.ok, report
     assert report.findings == ()
     statuses = {c.source: c.status for c in report.comparisons}
-    reference = "unsupported" if name == "test_scan_sum" else "ok"  # Scan-8
-    assert statuses == {"expected": "baseline", "onnxruntime": "ok", "reference": reference}
+    assert statuses == {
+        "expected": "baseline",
+        "onnxruntime": "ok",
+        "onnxruntime-unoptimized": "ok",
+        "reference": "ok",  # Scan-8 (test_scan_sum) too
+    }
 
 
 def test_a_case_folder_is_read_with_its_expected_outputs(tmp_path: Path) -> None:
@@ -205,8 +213,10 @@ def test_a_torch_hop_scan_export_agrees_with_pytorch_in_both_runtimes(hop_export
     module, args, model = hop_export
     report = torchscan.onnx.check(model, module=module, args=args)
     assert report.ok, report
-    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok"]
-    assert [c.source for c in report.comparisons] == ["pytorch", "onnxruntime", "reference"]
+    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok", "ok"]
+    assert [c.source for c in report.comparisons] == [
+        "pytorch", "onnxruntime", "onnxruntime-unoptimized", "reference"
+    ]  # fmt: skip
     assert all(d.max_abs < 1e-5 for c in report.comparisons[1:] for d in c.outputs)
 
 
@@ -227,10 +237,11 @@ def test_a_torchscan_export_agrees_with_pytorch(torchscan_export) -> None:
         "pytorch",
         "ok",
     )
-    assert report.comparisons[2].status == "unsupported"
-    assert report.comparisons[2].reason == (
-        "onnx.reference runs Scan only along axis 0, forward (scan_input_axes)"
-    )
+    # A Scan along axis 1: the reference evaluator runs it with torchscan's Scan.
+    assert [(c.source, c.status) for c in report.comparisons[2:]] == [
+        ("onnxruntime-unoptimized", "ok"),
+        ("reference", "ok"),
+    ]
 
 
 def test_a_module_that_disagrees_is_a_mismatch(torchscan_export) -> None:
@@ -239,16 +250,16 @@ def test_a_module_that_disagrees_is_a_mismatch(torchscan_export) -> None:
     other = ScanGRU().eval()  # other weights
     report = torchscan.onnx.check(model, module=other, args=args, runtimes=("onnxruntime",))
     assert not report.ok
-    (_, onnxruntime) = report.comparisons
-    assert onnxruntime.status == "mismatch"
-    assert all(not d.ok and d.max_abs > 1e-3 for d in onnxruntime.outputs)
-    assert report.summary() == "FAILED: onnxruntime mismatch"
+    for onnxruntime in report.comparisons[1:]:
+        assert onnxruntime.status == "mismatch"
+        assert all(not d.ok and d.max_abs > 1e-3 for d in onnxruntime.outputs)
+    assert report.summary() == "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch"
 
 
 def test_a_random_dynamic_dimension_gets_a_size_no_static_dimension_has(torchscan_export) -> None:
     _, _, model = torchscan_export
     # 2, 3 and 4 are sizes of the inputs (and of the GRU's weights, with 12): T is 5.
-    report = torchscan.onnx.check(model, runtimes=("onnxruntime",))
+    report = torchscan.onnx.check(model)
     assert report.ok, report
     assert report.inputs == ("source: random (seed 0)", "xs: float32[2, 5, 3]", "h: float32[2, 4]")
 
@@ -285,7 +296,7 @@ def test_the_scan_inputs_of_one_scan_get_one_length_whatever_their_dimension_nam
     assert _random_shapes(model, U=6) == {"h0": (2,), "x0": (6, 2), "x1": (6, 2)}
     report = torchscan.onnx.check(model)
     assert report.ok, report
-    assert [c.status for c in report.comparisons] == ["baseline", "ok"]
+    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok"]
 
 
 def test_a_scan_input_of_dynamic_length_gets_the_length_of_a_static_one() -> None:
@@ -342,7 +353,11 @@ def test_onnx_s_test_loop11_passes_on_random_inputs() -> None:
     assert report.ok, report
     assert report.inputs[1:3] == ("trip_count: int64[]", "cond: bool[]")
     statuses = {c.source: c.status for c in report.comparisons}
-    assert statuses == {"onnxruntime": "baseline", "reference": "ok"}
+    assert statuses == {
+        "reference": "baseline",
+        "onnxruntime": "ok",
+        "onnxruntime-unoptimized": "ok",
+    }
     feeds = _random.random_inputs(backend_cases()["test_loop11"].model, {})
     assert (feeds["trip_count"].item(), feeds["cond"].item()) == (3, True)
     outputs = [(o.name, o.shape) for o in report.comparisons[0].outputs]
@@ -368,12 +383,19 @@ def test_a_zero_length_scan_is_not_supported_and_does_not_end_the_process(
     torchscan_export,
 ) -> None:
     # onnxruntime 1.32 dies of SIGFPE on a zero-length scan along axis 1: it runs in a child.
+    # The reference evaluator runs it: one source, so nothing is compared.
     _, _, model = torchscan_export
     report = torchscan.onnx.check(model, dims={"T": 0})
-    assert report.ok, report
-    onnxruntime = report.comparisons[0]
-    assert onnxruntime.status == "unsupported"
-    assert onnxruntime.reason.startswith("an input has an empty dimension: ")
+    assert (report.verdict, report.ok) == ("not compared", False), report
+    assert torchscan.onnx.check(model, dims={"T": 0}, strict=False).ok
+    statuses = {c.source: c.status for c in report.comparisons}
+    assert statuses == {
+        "reference": "baseline",
+        "onnxruntime": "unsupported",
+        "onnxruntime-unoptimized": "unsupported",
+    }
+    for onnxruntime in report.comparisons[1:]:
+        assert onnxruntime.reason.startswith("an input has an empty dimension: ")
 
 
 def test_a_runtime_that_fails_on_a_broken_model_is_an_error() -> None:
@@ -383,10 +405,13 @@ def test_a_runtime_that_fails_on_a_broken_model_is_an_error() -> None:
     report = torchscan.onnx.check(scan_model(16, scan_input_axes=[2]), runtimes=("onnxruntime",))
     assert not report.ok
     assert [f.rule for f in report.findings] == ["scan-axis-range"]
-    (onnxruntime,) = report.comparisons
-    assert onnxruntime.status == "error"
-    assert "scan_input_axes axis value 2 is invalid for a tensor of rank 2" in onnxruntime.reason
-    assert report.summary() == "FAILED: 1 finding, onnxruntime error"
+    assert [c.source for c in report.comparisons] == ["onnxruntime", "onnxruntime-unoptimized"]
+    for onnxruntime in report.comparisons:
+        assert onnxruntime.status == "error"
+        assert (
+            "scan_input_axes axis value 2 is invalid for a tensor of rank 2" in onnxruntime.reason
+        )
+    assert report.summary() == "FAILED: 1 finding, onnxruntime error, onnxruntime-unoptimized error"
 
 
 def test_onnxruntime_does_not_run_int4() -> None:
@@ -402,15 +427,18 @@ def test_onnxruntime_does_not_run_int4() -> None:
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
     report = torchscan.onnx.check(model)
-    assert report.ok, report
+    assert (report.verdict, report.ok) == ("not compared", False), report
     statuses = {c.source: (c.status, c.reason) for c in report.comparisons}
+    unsupported = ("unsupported", "onnxruntime has no CPU kernels for int4")
     assert statuses == {
         "reference": ("baseline", ""),
-        "onnxruntime": ("unsupported", "onnxruntime has no CPU kernels for int4"),
+        "onnxruntime": unsupported,
+        "onnxruntime-unoptimized": unsupported,
     }
     assert report.summary() == (
-        "OK: 1 Scan/Loop node checked, no findings; too few sources ran the model to compare "
-        "outputs: only reference ran (onnxruntime: not supported by that runtime)"
+        "NOT COMPARED: 1 Scan/Loop node checked, no findings; too few independent sources ran "
+        "the model to compare outputs: only reference ran (onnxruntime: not supported by that "
+        "runtime; onnxruntime-unoptimized: not supported by that runtime)"
     )
     assert (
         "onnxruntime: not supported by that runtime: onnxruntime has no CPU kernels for int4"
@@ -446,7 +474,7 @@ def test_the_report_renders_as_tables_and_as_json() -> None:
         assert piece in text
     assert text.endswith(
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across expected, onnxruntime, "
-        "reference\n"
+        "onnxruntime-unoptimized, reference\n"
     )
     data = json.loads(report.to_json())
     assert data["ok"] is True

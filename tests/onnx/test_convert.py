@@ -27,6 +27,7 @@ import torchscan
 from torchscan.onnx._convert import OpsetConversionError, convert_model
 
 from .._export import onnx_export
+from ._runtimes import Runs
 from ._runtimes import run_onnxruntime_on as run
 
 TARGETS = list(range(8, 18))
@@ -41,7 +42,12 @@ _rng = np.random.default_rng(0)
 # -- running and comparing ------------------------------------------------------------------------
 
 
-def assert_same(expected: list[np.ndarray], actual: list[np.ndarray]) -> None:
+def assert_same(expected: list[np.ndarray] | Runs, actual: list[np.ndarray] | Runs) -> None:
+    """Outputs equal within float32 rounding; of onnxruntime, at each level (:class:`Runs`)."""
+    if isinstance(actual, Runs):
+        for level, got in actual.items():
+            assert_same(expected[level] if isinstance(expected, Runs) else expected, got)
+        return
     assert len(actual) == len(expected)
     for want, got in zip(expected, actual, strict=True):
         assert (got.dtype, got.shape) == (want.dtype, want.shape)

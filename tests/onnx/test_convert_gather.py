@@ -433,7 +433,7 @@ def test_indexing_in_a_scan_exports_below_opset_11(opset: int) -> None:
     assert [(o.domain, o.version) for o in proto.opset_import if o.domain == ""] == [("", opset)]
     for length in (1, 4):
         inputs = indexing_inputs(length)
-        for got, want in zip(
-            run_onnxruntime(proto, inputs), eager_outputs(model, inputs), strict=True
-        ):
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        expected = eager_outputs(model, inputs)
+        for outputs in run_onnxruntime(proto, inputs).values():
+            for got, want in zip(outputs, expected, strict=True):
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -7,7 +7,6 @@ sequence lengths other than the one it was exported with.
 
 from __future__ import annotations
 
-import onnx
 import pytest
 import torch
 
@@ -15,7 +14,13 @@ import torchscan
 
 from .._export import onnx_export
 from ._models import CASES
-from ._roundtrip import OPSETS, check_onnxruntime, check_reference, check_structure
+from ._roundtrip import (
+    OPSETS,
+    check_onnxruntime,
+    check_reference,
+    check_structure,
+    check_valid,
+)
 from ._runtimes import assert_outputs_close, eager_outputs, nodes, run_onnxruntime
 
 NAMES = list(CASES)
@@ -30,7 +35,7 @@ def test_each_scan_is_one_scan_node(exported, name: str, opset: int) -> None:
 @pytest.mark.parametrize("opset", OPSETS)
 @pytest.mark.parametrize("name", NAMES)
 def test_checker_accepts(exported, name: str, opset: int) -> None:
-    onnx.checker.check_model(exported(name, opset), full_check=True)
+    check_valid(exported(name, opset))
 
 
 @pytest.mark.parametrize("opset", OPSETS)
@@ -39,10 +44,9 @@ def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> No
     check_onnxruntime(exported(name, opset), models(name), CASES[name])
 
 
-@pytest.mark.parametrize("opset", [o for o in OPSETS if o > 8])  # onnx.reference: no Scan-8
-@pytest.mark.parametrize("name", [name for name in NAMES if CASES[name].reference])
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", NAMES)
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
-    """onnx.reference runs Scan on axis 0, forward only: the other cases are for onnxruntime."""
     check_reference(exported(name, opset), models(name), CASES[name])
 
 

@@ -330,7 +330,46 @@ BROKEN: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
         "scan output 0 has shape [?, 3] at the node ('ys'), which does not stack [2] from the body "
         "('y') on a new axis 0",
     ),
+    "if-branch-shapes": (
+        lambda: if_model(9, then_shape=("n", 3), else_shape=(0, 3)),
+        "output 'out' is [?, 3] in then_branch but [0, 3] in else_branch; shape inference keeps "
+        "one of them for the output",
+    ),
+    "if-output-shape": (
+        lambda: if_model(13, then_shape=(2,), else_shape=(3,), out_shape=(2,)),
+        "output 'out' is given shape [2], but else_branch makes it [3]",
+    ),
 }
+
+
+def if_model(
+    opset: int, *, then_shape: tuple, else_shape: tuple, out_shape: tuple | None = None
+) -> onnx.ModelProto:
+    """A Scan (which the lint needs to find) and an If choosing between ``x`` itself (of
+    ``then_shape``) and zeros of ``else_shape``, the If's output declared ``out_shape``."""
+    zeros = oh.make_tensor("zeros", FLOAT, else_shape, [0.0] * _size(else_shape))
+    then_branch = oh.make_graph(
+        [oh.make_node("Identity", ["x"], ["from_x"])], "then", [], [info("from_x", FLOAT, then_shape)]
+    )
+    else_branch = oh.make_graph(
+        [oh.make_node("Constant", [], ["zero"], value=zeros)],
+        "else",
+        [],
+        [info("zero", FLOAT, else_shape)],
+    )
+    choice = oh.make_node("If", ["c"], ["out"], then_branch=then_branch, else_branch=else_branch)
+    m = scan_model(opset)
+    m.graph.node.append(choice)
+    m.graph.input.extend([info("c", BOOL, ()), info("x", FLOAT, then_shape)])
+    m.graph.output.append(info("out", FLOAT, out_shape))
+    return m
+
+
+def _size(shape: tuple) -> int:
+    size = 1
+    for n in shape:
+        size *= n
+    return size
 
 
 def _with_input_omitted(m: onnx.ModelProto, index: int) -> onnx.ModelProto:
@@ -506,6 +545,10 @@ def assert_quotes_the_spec(finding: torchscan.onnx.Finding) -> None:
     """The finding's quote is the specification's text, "…" marking what it leaves out; for the
     versions the pages give only in Chinese, the type list is theirs and the rest onnx.defs'."""
     quote = finding.spec
+    if finding.op.startswith("If-"):  # the pages hold Scan and Loop: If's text is onnx.defs'
+        schema = onnx.defs.get_schema("If", int(finding.op.split("-")[1]))
+        assert _normalized(quote) in _normalized(schema.outputs[0].description), quote
+        return
     if finding.source.endswith("type constraints (onnx.defs)"):
         op, since = finding.op.split("-")
         schema = onnx.defs.get_schema(op, int(since))

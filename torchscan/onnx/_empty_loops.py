@@ -7,9 +7,9 @@ the leading axis and every dimension it does not know statically a size of 0, so
 (``trip_count=T - 1``), or whose condition may be false at the start, would give a result of
 the wrong shape.
 
-This pass, run on the translated model, routes each such output through an ``If`` on its
-leading size: the Loop's output when the loop ran, else zeros of shape ``(0, *step_shape)``, with
-the per-iteration shape read from the model's inputs. A per-iteration dimension must be a
+This pass, run on the translated model, reshapes each such output to ``(len(y), *step_shape)``,
+with the per-iteration shape read from the model's inputs: the Loop's output as it is when the
+loop ran, and of the right shape when it did not. A per-iteration dimension must be a
 number or the name of a dimension of a model input (``B``) for that; where one is not (a size the
 body computes), the output is left as onnxruntime makes it, which docs/loop.md states.
 """
@@ -26,8 +26,8 @@ trip count may be 0 or whose condition may be false at the start."""
 
 
 def shape_empty_loop_outputs(model: ir.Model) -> int:
-    """Route the scan outputs of every marked Loop of ``model`` through the ``If`` described
-    above, in place. Returns how many outputs were routed."""
+    """Reshape the scan outputs of every marked Loop of ``model`` as described above, in
+    place. Returns how many outputs were reshaped."""
     graph = model.graph
     dims = _input_dims(graph)
     names = _ir.Names.of(graph)
@@ -66,77 +66,29 @@ def _route(
         for y, step in zip(outputs, steps, strict=True)
         if step.shape is not None and all(_readable(d, dims) for d in step.shape.dims)
     ]
-    if not routable:
-        return 0
     version = loop.version
     made: list[ir.Node] = []
-
-    def add(op: str, inputs: list[ir.Value], **attributes) -> ir.Value:
-        node = ir.node(op, inputs, attributes, version=version)
-        node.outputs[0].name = names.fresh(f"{loop.name or 'loop'}_{op.lower()}")
-        made.append(node)
-        return node.outputs[0]
-
-    first = routable[0][0]
-    count = add(
-        "Gather",
-        [add("Shape", [first]), add("Constant", [], value=ir.tensor(0, dtype=ir.DataType.INT64))],
-        axis=0,
-    )
-    ran = add("Cast", [count], to=ir.DataType.BOOL)
-
-    then_nodes, else_nodes, results = [], [], []
     for y, step in routable:
-        result = ir.Value(name=names.fresh(f"{y.name}_shaped"), type=y.type, shape=y.shape)
-        results.append((y, result))
-        passed = ir.node("Identity", [y], version=version)
-        passed.outputs[0].name = names.fresh(f"{y.name}_ran")
-        then_nodes.append(passed)
-        else_nodes.extend(_zeros(y, step.shape, dims, names, version))
-
-    choice = ir.node(
-        "If",
-        [ran],
-        {
-            "then_branch": ir.Graph(
-                [], [n.outputs[0] for n in then_nodes], nodes=then_nodes, name=names.fresh("ran")
-            ),
-            "else_branch": ir.Graph(
-                [],
-                [n.outputs[0] for n in else_nodes if n.meta.get("result")],
-                nodes=else_nodes,
-                name=names.fresh("ran_none"),
-            ),
-        },
-        num_outputs=len(routable),
-        version=version,
-    )
-    made.append(choice)
-    for (y, result), out in zip(results, choice.outputs, strict=True):
-        out.name, out.type, out.shape = result.name, y.type, y.shape
-        for use in list(y.uses()):
-            if use.node not in then_nodes and use.node not in made:
-                use.node.replace_input_with(use.idx, out)
-        _replace_graph_output(graph, y, out)
+        made.extend(_reshaped(graph, y, step.shape, dims, names, version))
     graph.insert_after(loop, made)
     return len(routable)
 
 
-def _readable(dim: object, dims: dict[str, tuple[ir.Value, int]]) -> bool:
-    if isinstance(dim, int):
-        return True
-    return isinstance(dim, ir.SymbolicDim) and dim.value in dims
-
-
-def _zeros(
+def _reshaped(
+    graph: ir.Graph,
     y: ir.Value,
     step_shape: ir.Shape,
     dims: dict[str, tuple[ir.Value, int]],
     names: _ir.Names,
     version: int | None,
 ) -> list[ir.Node]:
-    """Nodes computing zeros of shape ``(0, *step_shape)`` with ``y``'s type; the last is the
-    result (marked in its ``meta``)."""
+    """Nodes that reshape the scan output ``y`` to ``(len(y), *step_shape)``, and give the
+    result ``y``'s place: after iterations ran that is ``y`` as it is, after none it puts the
+    sizes onnxruntime left out. Both hold no element, so the Reshape is valid either way, and a
+    0 in the shape (a dimension of size 0, which Reshape reads as "as in the input") copies a
+    size that is 0 in both. The result's shape is left unknown but for its rank: a static shape
+    here would be false for some run, and onnxruntime's optimizations would fold sizes read from
+    it into constants."""
     nodes: list[ir.Node] = []
 
     def add(op: str, inputs: list[ir.Value], **attributes) -> ir.Value:
@@ -148,19 +100,31 @@ def _zeros(
     def constant(values: list[int]) -> ir.Value:
         return add("Constant", [], value=ir.tensor(values, dtype=ir.DataType.INT64))
 
-    parts = [constant([0])]
+    parts = [add("Gather", [add("Shape", [y]), constant([0])], axis=0)]
     for dim in step_shape.dims:
         if isinstance(dim, int):
             parts.append(constant([dim]))
         else:
             source, axis = dims[dim.value]
-            size = add("Gather", [add("Shape", [source]), constant([axis])], axis=0)
-            parts.append(size)
+            parts.append(add("Gather", [add("Shape", [source]), constant([axis])], axis=0))
     shape = add("Concat", parts, axis=0)
-    zero = add("Constant", [], value=ir.tensor(0, dtype=y.dtype))
-    add("Expand", [zero, shape])
-    nodes[-1].meta["result"] = True
+    reshape = ir.node("Reshape", [y, shape], version=version)
+    result = reshape.outputs[0]
+    result.name = names.fresh(f"{y.name}_shaped")
+    result.type = y.type
+    result.shape = ir.Shape([None] * (1 + len(step_shape.dims)))
+    nodes.append(reshape)
+    for use in list(y.uses()):
+        if use.node not in nodes:
+            use.node.replace_input_with(use.idx, result)
+    _replace_graph_output(graph, y, result)
     return nodes
+
+
+def _readable(dim: object, dims: dict[str, tuple[ir.Value, int]]) -> bool:
+    if isinstance(dim, int):
+        return True
+    return isinstance(dim, ir.SymbolicDim) and dim.value in dims
 
 
 def _replace_graph_output(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:

@@ -152,6 +152,7 @@ class _EmptyGuard:
         # sequence's length on the one step of zeros.
         zero = _append(recorder, "Constant", [], value=ir.tensor([0], dtype=ir.DataType.INT64))
         ends = _append(recorder, "Reshape", [length, _constant(recorder, [1])])
+        self._length = ends
         then_nodes = [
             ir.node("Slice", [x, zero, ends, _constant(recorder, [axis])], version=version)
             for x, axis in zip(xs, in_axes, strict=True)
@@ -202,8 +203,11 @@ class _EmptyGuard:
                 {"value": ir.tensor([axis], dtype=ir.DataType.INT64)},
                 version=version,
             )
+            # Cut to the length of the sequence, which is 0 on this branch: a constant end
+            # would give the branch a static size of 0, which If-1's shape inference can keep
+            # for the If, and onnxruntime's optimizations then fold sizes read from it.
             empty = ir.node(
-                "Slice", [y, zero.outputs[0], zero.outputs[0], axes.outputs[0]], version=version
+                "Slice", [y, zero.outputs[0], self._length, axes.outputs[0]], version=version
             )
             else_nodes.extend([axes, empty])
         else_outputs = [n.outputs[0] for n in else_nodes if n.op_type in ("Identity", "Slice")]

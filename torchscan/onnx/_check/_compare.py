@@ -47,7 +47,13 @@ from torchscan.onnx._check._report import (
     Comparison,
     OutputDiff,
 )
-from torchscan.onnx._check._runtimes import _RUNNERS, RUNTIMES, _pytorch_outputs, _Unsupported
+from torchscan.onnx._check._runtimes import (
+    _RUNNERS,
+    RUNTIMES,
+    SOURCES,
+    _pytorch_outputs,
+    _Unsupported,
+)
 
 DEFAULT_ATOL = 1e-5
 DEFAULT_RTOL = 1e-5
@@ -65,7 +71,7 @@ def check(
     dims: Mapping[str, int] | None = None,
     runtimes: Sequence[str] = RUNTIMES,
     timeout: float | None = None,
-    strict: bool = False,
+    strict: bool = True,
 ) -> CheckReport:
     """Lint every ``Scan`` and ``Loop`` node of an ONNX model and compare runtimes on it.
 
@@ -75,21 +81,26 @@ def check(
     batch axis and ``sequence_lens``); each finding names the node, the rule and quotes the
     specification. ``docs/check.md`` lists the rules.
 
-    Compare: the model runs in each of ``runtimes`` on the same inputs, and ``module(*args)``
-    runs eagerly when a module is given. Every output is held against a baseline: ``expected``
-    (or the ``output_*.pb`` files next to the inputs) where given, else PyTorch's outputs, else
-    the first runtime that ran. An output agrees when every element ``a`` is within
+    Compare: the model runs in each of ``runtimes`` on the same inputs (onnxruntime twice: at
+    its default graph optimization level, as users run it, as ``"onnxruntime"``, and with the
+    optimizations off, as ``"onnxruntime-unoptimized"``), and ``module(*args)`` runs eagerly
+    when a module is given. Every output is held against a baseline: ``expected`` (or the
+    ``output_*.pb`` files next to the inputs) where given, else PyTorch's outputs, else the
+    reference evaluator's, else onnxruntime's without and then with its optimizations (the
+    first of these that ran). An output agrees when every element ``a`` is within
     ``atol + rtol * |b|`` of the baseline's ``b`` (NaNs where the baseline has NaNs), with the
     same shape and element type. An output that depends on a random operator (``RandomNormal``,
     ``RandomNormalLike``, ``RandomUniform``, ``RandomUniformLike``, ``Bernoulli``,
     ``Multinomial``, at any depth) agrees when its shape and element type do: its values are not
     compared (``not_compared="random"``), as no two sources draw the same numbers. A runtime that
-    does not run a model (onnx's reference evaluator on Scan-8, on a Scan along an axis other
-    than 0 or in reverse, or on an operator it does not implement; onnxruntime where it has no
-    kernel, its status NOT_IMPLEMENTED, and on 4-bit and 2-bit types; either on a zero-length
-    scan) is reported as not supported, which is not a failure; any other error of a runtime is.
+    does not run a model (onnx's reference evaluator on an operator it does not implement, or
+    on a loop that runs no step whose body does not declare the shapes of its scan outputs;
+    onnxruntime where it has no kernel, its status NOT_IMPLEMENTED, and on 4-bit and 2-bit
+    types; either on a zero-length scan) is reported as not supported, which is not a failure; any other error of a runtime is.
     So is a source that does not end within ``timeout`` seconds: it is stopped, and reported as
-    ``"timeout"``.
+    ``"timeout"``. Where fewer than two independent sources gave outputs (onnxruntime's two
+    levels are one runtime), nothing was held against anything: the verdict is
+    ``"not compared"``, which fails the check unless ``strict=False``.
 
     The inputs are, in this order of preference: ``inputs``; the tensors among ``args`` (as
     ``torch.onnx.export`` flattens them) where given; random values built from the
@@ -120,15 +131,19 @@ def check(
       rtol: the relative tolerance, at least 0.
       dims: sizes of named dynamic dimensions (``dim_param``) for random inputs.
       runtimes: which of ``"onnxruntime"`` and ``"reference"`` to run; empty to lint only.
-      timeout: the seconds each source (each runtime, and PyTorch) may run before it is stopped
-        and reported as timed out; None for no limit. Under a limit, each source runs in a
-        thread of its own, and Ctrl-C (``KeyboardInterrupt``) stops it at once.
-      strict: fail (``report.ok`` False) where fewer than two sources ran the model, so that
-        nothing was compared.
+      timeout: the seconds each source (each runtime, and PyTorch) may run the model before it
+        is stopped and reported as timed out; None for no limit. The limit is on the model's
+        run: the start-up of a child process that onnxruntime runs in does not count. Under a
+        limit, each source runs in a thread of its own, and Ctrl-C (``KeyboardInterrupt``)
+        stops it at once.
+      strict: whether a check that fewer than two independent sources ran fails (its verdict is
+        ``"not compared"``, and ``report.ok`` False); ``strict=False`` accepts a single source.
 
     Returns:
-      A :class:`CheckReport`; ``report.ok`` is True when nothing was found and no output
-      disagrees or failed to be computed. ``print(report)`` shows it as tables.
+      A :class:`CheckReport`. ``report.verdict`` is ``"ok"``, ``"failed"`` (a finding, an
+      output that disagrees, a source that failed or timed out) or ``"not compared"``;
+      ``report.ok`` is True for ``"ok"`` (and for ``"not compared"`` with ``strict=False``).
+      ``print(report)`` shows it as tables.
 
     Raises:
       FileNotFoundError: ``model`` or ``inputs`` names no file.
@@ -177,6 +192,7 @@ def check(
             random=random,
             timeout=timeout,
         )
+        notes += _levels_differ(comparisons, names=[o.name for o in proto.graph.output])
         if any(c.status in (OK, MISMATCH) for c in comparisons):
             notes += tuple(
                 f"{name}: not compared: {RANDOM}: its values depend on {op}, which no two "
@@ -303,14 +319,15 @@ def compare(
             lambda: within(timeout, lambda _: _pytorch_outputs(module, args or ()))
         )
     empty = _has_empty_dimension(feeds)
-    for runtime in runtimes:
-        run = _RUNNERS[runtime]
-        results[runtime] = _attempt(
+    for source in (source for runtime in runtimes for source in SOURCES[runtime]):
+        run = _RUNNERS[source]
+        results[source] = _attempt(
             lambda run=run: within(
                 timeout, lambda limit: run(model, feeds, isolate or empty, limit)
             )
         )
-    baseline = next((s for s, r in results.items() if not isinstance(r, BaseException)), None)
+    ran = [s for s, r in results.items() if not isinstance(r, BaseException)]
+    baseline = min(ran, key=_BASELINE_ORDER.index, default=None)
     comparisons = []
     for source, result in results.items():
         if isinstance(result, BaseException):
@@ -329,6 +346,42 @@ def compare(
     return tuple(comparisons)
 
 
+_BASELINE_ORDER = ("expected", "pytorch", "reference", "onnxruntime-unoptimized", "onnxruntime")
+"""Which source that ran is the baseline: the outputs the user gave, PyTorch's, the reference
+evaluator's (the specification's semantics), then onnxruntime's with its graph optimizations off
+(the model as it is), and last onnxruntime's at its default level."""
+
+
+def _levels_differ(comparisons: Sequence[Comparison], names: Sequence[str]) -> tuple[str, ...]:
+    """A note where onnxruntime's two optimization levels disagree with the baseline in
+    different ways: its graph optimizations change the outputs, which they do where the model
+    states a shape or a value that does not hold for every run."""
+    by_source = {c.source: c for c in comparisons}
+    default, unoptimized = by_source.get("onnxruntime"), by_source.get("onnxruntime-unoptimized")
+    if (
+        default is None
+        or unoptimized is None
+        or MISMATCH not in (default.status, unoptimized.status)
+    ):
+        return ()
+    if {default.status, unoptimized.status} - {OK, MISMATCH, BASELINE}:
+        return ()
+    changed = [
+        name
+        for name, a, b in zip(names, default.outputs, unoptimized.outputs, strict=False)
+        if (a.ok, a.shape) != (b.ok, b.shape)
+    ]
+    if not changed:
+        return ()
+    return (
+        f"onnxruntime's graph optimizations change {', '.join(changed)}: onnxruntime gives "
+        "other outputs at its default level than with the optimizations off. The model states "
+        "a shape or a value that does not hold for every run (an If whose branches give an "
+        "output different static shapes, for one), and onnxruntime's constant folding trusts "
+        "it.",
+    )
+
+
 def _attempt(run: Callable[[], list[Any]]) -> list[Any] | BaseException:
     try:
         return run()
@@ -342,7 +395,7 @@ def _failed(source: str, against: str, error: BaseException, empty: bool) -> Com
         return Comparison(source, against, TIMEOUT, reason)
     if isinstance(error, _Unsupported) or _runtime_lacks(source, error):
         return Comparison(source, against, UNSUPPORTED, reason)
-    if empty and source in RUNTIMES:
+    if empty and source in _RUNNERS:
         # Both runtimes fail on zero-length scans, which the specification allows.
         return Comparison(
             source, against, UNSUPPORTED, f"an input has an empty dimension: {reason}"
@@ -369,7 +422,7 @@ def _runtime_lacks(source: str, error: BaseException) -> bool:
     other than 0); a ``ValueError``, ``TypeError`` or ``IndexError`` is the model's. An error of
     eager PyTorch is never the runtime's: the module is the user's.
     """
-    if source == "onnxruntime":
+    if source.startswith("onnxruntime"):
         return getattr(error, "child_type", type(error).__name__) == "NotImplemented"
     if source == "reference":
         if isinstance(error, NotImplementedError):

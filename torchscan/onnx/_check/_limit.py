@@ -1,5 +1,6 @@
 """Running one source of outputs (a runtime, or eager PyTorch) within a time limit, and stopping it
-at once on Ctrl-C, so that ``torchscan check`` always ends.
+at once on Ctrl-C, so that ``torchscan check`` always ends. The limit is on the model's run: a
+source that starts a child process first says when the model starts (:meth:`Limit.begin`).
 
 The source runs in a thread of its own while the calling thread waits: a wait on a thread is
 interrupted by Ctrl-C, where onnxruntime's C++ run, in the calling thread, would not return to
@@ -16,10 +17,15 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+STARTUP = 60.0
+"""Seconds a source may take to start (a child process that imports onnxruntime) before its own
+time limit begins: see :meth:`Limit.starting` and :meth:`Limit.begin`."""
 
 GRACE = 2.0
 """Seconds a stopped source is given to end before the next one starts; one that does not (a
@@ -54,6 +60,22 @@ class Limit:
         self._stops: list[Callable[[], object]] = []
         self._stopped = False
         self._running = True
+        self.deadline = time.monotonic() + seconds
+
+    def starting(self) -> None:
+        """The source starts a process before it runs the model: that start-up may take up to
+        :data:`STARTUP` seconds, and the time limit counts from :meth:`begin`."""
+        with self._lock:
+            self.deadline = time.monotonic() + max(self.seconds, STARTUP)
+
+    def begin(self) -> None:
+        """The model starts running now: the source has ``seconds`` from here."""
+        with self._lock:
+            self.deadline = time.monotonic() + self.seconds
+
+    def remaining(self) -> float:
+        with self._lock:
+            return self.deadline - time.monotonic()
 
     def on_stop(self, stop: Callable[[], object]) -> None:
         """Call ``stop`` (from another thread) when the source is to stop; at once if it is."""
@@ -108,7 +130,9 @@ def within(seconds: float | None, run: Callable[[Limit | None], T]) -> T:
     thread = threading.Thread(target=work, name="torchscan check", daemon=True)
     thread.start()
     try:
-        thread.join(min(seconds, threading.TIMEOUT_MAX))
+        # The deadline moves where the source says when its model starts (Limit.begin).
+        while thread.is_alive() and (remaining := limit.remaining()) > 0:
+            thread.join(min(remaining, threading.TIMEOUT_MAX))
     except BaseException:  # Ctrl-C: stop the source, and let the interrupt go on
         limit._stop(thread)
         with contextlib.suppress(BaseException):  # a second Ctrl-C ends the wait

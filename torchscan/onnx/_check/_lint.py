@@ -2,7 +2,8 @@
 of other nodes at any depth, and in its local functions, is checked against the specification of
 the version in force for it (read from torchscan's version table, :mod:`torchscan.onnx._opsets`,
 and from ``onnx.defs`` outside the opsets torchscan exports to) by the rules of
-:mod:`torchscan.onnx._check._scan_rules` and :mod:`torchscan.onnx._check._loop_rules`. Types and
+:mod:`torchscan.onnx._check._scan_rules` and :mod:`torchscan.onnx._check._loop_rules`; every
+``If`` node, by the shape rules of :mod:`torchscan.onnx._check._if_rules`. Types and
 shapes come from the model's own annotations, completed by ONNX shape inference where it
 succeeds; a rule about a type or a shape is only applied where both sides are known, so a finding
 is always a contradiction, never a guess.
@@ -22,6 +23,7 @@ import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _ir, _opsets
+from torchscan.onnx._check._if_rules import if_nodes, lint_if
 from torchscan.onnx._check._loop_rules import _lint_loop
 from torchscan.onnx._check._report import CheckedNode, Finding
 from torchscan.onnx._check._rules import RULES
@@ -79,6 +81,9 @@ def lint(model: onnx.ModelProto) -> LintResult:
             nodes.append(CheckedNode(path, site.op if site else f"{node.op_type} (not checked)"))
             if site is not None:
                 (_lint_scan if node.op_type == "Scan" else _lint_loop)(site)
+        if scope_opset is not None:
+            for node, path in if_nodes(nodes_of, prefix):
+                lint_if(node, path, scope_opset, findings)
     return LintResult(opset, tuple(nodes), tuple(findings), tuple(sorted(notes)))
 
 

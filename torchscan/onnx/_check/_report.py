@@ -17,6 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 OK = "ok"
+FAILED = "failed"
+NOT_COMPARED = "not compared"
 MISMATCH = "mismatch"
 UNSUPPORTED = "unsupported"
 ERROR = "error"
@@ -140,7 +142,8 @@ class CheckReport:
       rtol: the relative tolerance of the comparisons.
       notes: things worth knowing that are not failures.
       timeout: the seconds each source could run, or None for no limit.
-      strict: whether fewer than two sources that ran the model is a failure.
+      strict: whether a check that fewer than two independent sources ran (the verdict
+        ``"not compared"``) fails; False where the user accepted a single source.
     """
 
     model: str
@@ -153,17 +156,24 @@ class CheckReport:
     rtol: float
     notes: tuple[str, ...] = ()
     timeout: float | None = None
-    strict: bool = False
+    strict: bool = True
+
+    @property
+    def verdict(self) -> str:
+        """``"failed"`` where a rule is broken or an output disagrees or fails to be computed;
+        else ``"not compared"`` where the model was run but fewer than two independent sources
+        gave outputs (nothing was held against anything); else ``"ok"``."""
+        if self.findings or not all(c.ok for c in self.comparisons):
+            return FAILED
+        if self.comparisons and len(self.independent) < 2:
+            return NOT_COMPARED
+        return OK
 
     @property
     def ok(self) -> bool:
-        """True when no rule is broken and no output disagrees or fails to be computed (nor,
-        under ``strict``, fewer than two sources ran the model)."""
-        return (
-            not self.findings
-            and all(c.ok for c in self.comparisons)
-            and not (self.strict and len(self.ran) < 2)
-        )
+        """True when the verdict is ``"ok"``, or ``"not compared"`` where the user accepted a
+        single source (``strict=False``)."""
+        return self.verdict == OK or (self.verdict == NOT_COMPARED and not self.strict)
 
     @property
     def ran(self) -> tuple[str, ...]:
@@ -171,10 +181,17 @@ class CheckReport:
         against it."""
         return tuple(c.source for c in self.comparisons if c.status in _RAN)
 
+    @property
+    def independent(self) -> tuple[str, ...]:
+        """The independent sources among :attr:`ran`: onnxruntime at its two optimization
+        levels is one runtime."""
+        return tuple(dict.fromkeys(_family(source) for source in self.ran))
+
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data; infinite errors become ``"inf"``. Its ``"status"`` is
-        ``"ok"`` or ``"failed"`` (an error document of the command has ``"error"``)."""
-        data = {"status": "ok" if self.ok else "failed", **dataclasses.asdict(self)}
+        the verdict, ``"ok"``, ``"failed"`` or ``"not compared"`` (an error document of the
+        command has ``"error"``); ``"ok"`` says whether the check passed."""
+        data = {"status": self.verdict, **dataclasses.asdict(self)}
         data["ok"] = self.ok
         for comparison in data["comparisons"]:
             for output in comparison["outputs"]:
@@ -187,15 +204,19 @@ class CheckReport:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)
 
     def summary(self) -> str:
-        """One line: whether the model passed, and why not."""
+        """One line: the verdict, and why."""
         failing = [c for c in self.comparisons if not c.ok]
-        if self.ok:
-            nodes = _count(len(self.nodes), "Scan/Loop node")
+        nodes = _count(len(self.nodes), "Scan/Loop node")
+        if self.verdict == OK:
             return f"OK: {nodes} checked, no findings{_agreement(self.comparisons)}"
+        if self.verdict == NOT_COMPARED:
+            accepted = "" if self.strict else " (a single source was accepted)"
+            return (
+                f"NOT COMPARED: {nodes} checked, no findings; {_too_few(self.comparisons)}"
+                f"{accepted}"
+            )
         parts = [_count(len(self.findings), "finding")] if self.findings else []
         parts += [f"{c.source} {_SUMMARY.get(c.status, c.status)}" for c in failing]
-        if not parts:  # only strict fails it
-            parts = [f"{_too_few(self.comparisons)} (strict)"]
         return "FAILED: " + ", ".join(parts)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -240,15 +261,22 @@ def _agreement(comparisons: tuple[Comparison, ...]) -> str:
 
 
 def _too_few(comparisons: tuple[Comparison, ...]) -> str:
-    """That fewer than two sources ran the model, which did, and why the others did not."""
+    """That fewer than two independent sources ran the model, which did, and why the others did
+    not."""
     ran = [c.source for c in comparisons if c.status in _RAN]
+    families = list(dict.fromkeys(_family(source) for source in ran))
     others = [c for c in comparisons if c.source not in ran]
     why = "; ".join(f"{c.source}: {_status_text(c.status, '')}" for c in others)
     why = f" ({why})" if why else ""
     return (
-        f"too few sources ran the model to compare outputs: "
-        f"{f'only {ran[0]}' if ran else 'none'} ran{why}"
+        f"too few independent sources ran the model to compare outputs: "
+        f"{f'only {families[0]}' if families else 'none'} ran{why}"
     )
+
+
+def _family(source: str) -> str:
+    """The runtime a source is: onnxruntime's two optimization levels are one."""
+    return "onnxruntime" if source.startswith("onnxruntime") else source
 
 
 def _count(n: int, what: str) -> str:

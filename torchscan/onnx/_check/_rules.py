@@ -1,6 +1,6 @@
-"""The rules of the specifications of ``Scan`` and ``Loop`` that the lint applies, and the words
-it quotes them in: each rule has an id, a one-line summary and the sentence of the specification
-it comes from; ``RULES`` lists them, and ``docs/check.md`` documents them in the table
+"""The rules of the specifications of ``Scan``, ``Loop`` and ``If`` that the lint applies, and the
+words it quotes them in: each rule has an id, a one-line summary and the sentence of the
+specification it comes from; ``RULES`` lists them, and ``docs/check.md`` documents them in the table
 :func:`markdown_rules` writes. A finding quotes its rule's sentence or, where the specification
 says more than the rule's sentence, a text of ``onnx.defs`` (an attribute's description, a type
 constraint) in the words the specification pages print it in.
@@ -259,6 +259,22 @@ _RULES = (
         "It is an error if the dimensions or data type of these scan_outputs change across loop "
         "iterations.",
         "Loop, attribute body",
+    ),
+    Rule(
+        "if-branch-shapes",
+        "before opset 11 (If-1), the two branches of an If give each output one shape",
+        "The return values in the `then_branch` and `else_branch` must be of the same shape and "
+        "same data type.",
+        "If-1, outputs",
+    ),
+    Rule(
+        "if-output-shape",
+        "from opset 11, the shape given to an If's output is compatible with both branches'",
+        "If corresponding outputs from the then-branch and the else-branch have static shapes S1 "
+        "and S2, then the shape of the corresponding output variable of the if-node (if present) "
+        "must be compatible with both S1 and S2 as it represents the union of both possible "
+        "shapes.",
+        "If-11, outputs",
     ),
 )
 

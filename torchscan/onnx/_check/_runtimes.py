@@ -1,21 +1,19 @@
-"""The runtimes ``check`` runs a model in: onnxruntime's CPU provider, onnx's reference evaluator
-with a ``Loop``, a ``ReduceLogSumExp`` and a ``GatherElements`` that follow the specification
-(:func:`reference_ops`), and eager PyTorch; a runtime that does not run a model raises
-:class:`_Unsupported`, which is not a failure. onnxruntime runs in this process, except where a
-crash is plausible: on inputs with an empty dimension (onnxruntime 1.32 ends the process with
-SIGFPE on some zero-length scans) and on models the lint found fault with. There it runs in a
-child process, whose death is reported as an error. Under a time limit
+"""The runtimes ``check`` runs a model in: onnxruntime's CPU provider, at its default graph
+optimization level and with the optimizations off (:mod:`torchscan.onnx._check._ort`); onnx's
+reference evaluator with a ``Loop``, a ``Scan``, a ``ReduceLogSumExp`` and a ``GatherElements``
+that follow the specification (:func:`reference_ops`); and eager PyTorch. A runtime that does
+not run a model raises :class:`_Unsupported`, which is not a failure. onnxruntime runs in this
+process, except where a crash is plausible: on inputs with an empty dimension (onnxruntime 1.32
+ends the process with SIGFPE on some zero-length scans) and on models the lint found fault with.
+There it runs in a child process, whose death is reported as an error. Under a time limit
 (:mod:`torchscan.onnx._check._limit`), onnxruntime is stopped through ``RunOptions.terminate``,
 and its child process is killed.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import pickle
-import re
 import subprocess
 import sys
 import tempfile
@@ -27,11 +25,16 @@ from typing import Any
 import numpy as np
 import onnx
 
-from torchscan.onnx import _ir
-from torchscan.onnx._check import _lint
+from torchscan.onnx._check import _ort
 from torchscan.onnx._check._inputs import _as_value
 from torchscan.onnx._check._limit import Limit
-from torchscan.onnx._check._reference_ops import gather_elements, log_sum_exp
+from torchscan.onnx._check._ort import run_onnxruntime
+from torchscan.onnx._check._reference_ops import (
+    gather_elements,
+    log_sum_exp,
+    spec_loop,
+    spec_scan,
+)
 
 RUNTIMES = ("onnxruntime", "reference")
 """The ONNX runtimes ``check`` can run: onnxruntime's CPU provider, and
@@ -58,9 +61,6 @@ def _pytorch_outputs(module: Callable[..., Any], args: Sequence[Any]) -> list[An
 def _run_reference(
     model: onnx.ModelProto, feeds: dict[str, Any], _isolate: bool, _limit: Limit | None = None
 ) -> list[Any]:
-    why = _reference_cannot_run(model)
-    if why:
-        raise _Unsupported(why)
     import onnx.reference
 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -71,74 +71,10 @@ def _run_reference(
 
 def reference_ops() -> list[type]:
     """The operators ``check`` gives onnx's reference evaluator in place of its own, which depart
-    from the specification in onnx 1.23: ``Loop`` (:func:`_spec_loop`), ``ReduceLogSumExp`` and
-    ``GatherElements`` (:mod:`torchscan.onnx._check._reference_ops`). Bodies get them too."""
-    return [_spec_loop(), log_sum_exp(), gather_elements()]
-
-
-def _reference_cannot_run(model: onnx.ModelProto) -> str | None:
-    """Why onnx's reference evaluator would not run ``model`` right, or None: it runs Scan-8
-    wrongly, and Scan only along axis 0, forward."""
-    opset = _lint.default_opset(model.opset_import)
-    functions = [node for function in model.functions for node in function.node]
-    for node in _all_nodes(model.graph) + functions:
-        if node.op_type != "Scan" or not _ir.is_default_domain(node.domain) or opset is None:
-            continue
-        version = _lint.version_in_force("Scan", opset)
-        if version is not None and version.batch_axis:
-            return f"onnx.reference does not run Scan-{version.since} right"
-        for attr in node.attribute:
-            if attr.name.startswith("scan_") and any(v != 0 for v in attr.ints):
-                return f"onnx.reference runs Scan only along axis 0, forward ({attr.name})"
-    return None
-
-
-def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    found = []
-    for node in graph.node:
-        found.append(node)
-        for attr in node.attribute:
-            for body in [attr.g] if attr.HasField("g") else attr.graphs:
-                found += _all_nodes(body)
-    return found
-
-
-@functools.cache
-def _spec_loop() -> type:
-    """onnx.reference's ``Loop`` with two departures from the specification undone.
-
-    In onnx 1.23 it runs no iteration when ``cond`` is omitted (the ``(M, "")`` mode is a for
-    loop that ignores the body's condition), and it joins scan outputs with ``np.vstack``, which
-    concatenates per-iteration tensors of rank 2 or more instead of stacking them. This follows
-    the specification's pseudo-code.
-    """
-    import onnx.reference.ops.op_loop
-
-    class Loop(onnx.reference.ops.op_loop.Loop):
-        def _run(self, M, cond, *args, context=None, body=None, attributes=None, bindings=None):
-            names = self.body.input_names
-            inputs = dict(context or {})
-            inputs.update(zip(names[2:], args, strict=False))
-            scan_outputs: list[list[np.ndarray]] = [[] for _ in range(self.K)]
-            keep_going, i = True if cond is None else bool(cond), 0
-            while keep_going and (M is None or i < M):
-                inputs[names[0]] = np.array(i, dtype=np.int64)
-                inputs[names[1]] = np.array(keep_going)
-                outputs = self._run_body(inputs, attributes=attributes, bindings=bindings)
-                if cond is not None:
-                    keep_going = bool(outputs[0])
-                inputs.update(zip(names[2:], outputs[1 : 1 + self.N], strict=True))
-                for k in range(self.K):
-                    scan_outputs[k].append(outputs[1 + self.N + k])
-                i += 1
-            if self.K and i == 0:
-                raise NotImplementedError(
-                    "a Loop that runs no iteration has scan outputs of unknown shape"
-                )
-            carried = [inputs[name] for name in names[2:]]
-            return tuple(carried + [np.stack(column) for column in scan_outputs])
-
-    return Loop
+    from the specification in onnx 1.23: ``Loop``, ``Scan`` (every axis, direction and version,
+    Scan-8 included), ``ReduceLogSumExp`` and ``GatherElements``
+    (:mod:`torchscan.onnx._check._reference_ops`). Bodies get them too."""
+    return [spec_loop(), spec_scan(), log_sum_exp(), gather_elements()]
 
 
 # onnxruntime ------------------------------------------------------------------------------------
@@ -148,16 +84,21 @@ _NO_ORT_KERNELS = ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
 """Element types onnxruntime 1.32 has no CPU kernels for."""
 
 
-def _run_onnxruntime(
-    model: onnx.ModelProto, feeds: dict[str, Any], isolate: bool, limit: Limit | None = None
-) -> list[Any]:
-    why = _onnxruntime_cannot_run(model)
-    if why:
-        raise _Unsupported(why)
-    data = model.SerializeToString()
-    if isolate:
-        return _in_child_process(data, feeds, limit)
-    return run_onnxruntime(data, feeds, limit)
+def _onnxruntime_at(level: str) -> Callable[..., list[Any]]:
+    """The runner of onnxruntime at one of its optimization levels (:data:`_ort.LEVELS`)."""
+
+    def run(
+        model: onnx.ModelProto, feeds: dict[str, Any], isolate: bool, limit: Limit | None = None
+    ) -> list[Any]:
+        why = _onnxruntime_cannot_run(model)
+        if why:
+            raise _Unsupported(why)
+        data = model.SerializeToString()
+        if isolate:
+            return _in_child_process(data, feeds, level, limit)
+        return run_onnxruntime(data, feeds, level, limit)
+
+    return run
 
 
 def _onnxruntime_cannot_run(model: onnx.ModelProto) -> str | None:
@@ -200,73 +141,6 @@ def _elem_types_of(type_proto: onnx.TypeProto) -> set[int]:
     return set()
 
 
-def run_onnxruntime(data: bytes, feeds: dict[str, Any], limit: Limit | None = None) -> list[Any]:
-    """Run a serialized model in onnxruntime's CPU provider, graph optimizations off; under a
-    ``limit``, stopped through ``RunOptions.terminate`` when it is to stop.
-
-    Tensors of types numpy lacks (bfloat16, float8; numpy arrays of ``ml_dtypes`` types) go in
-    and come out through ``OrtValue`` and their bits.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3  # warnings about unused initializers are not findings
-    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    run_options = ort.RunOptions()
-    run_options.log_severity_level = 4  # a stopped run's error is reported, not logged
-    if limit is not None:
-        limit.on_stop(lambda: setattr(run_options, "terminate", True))
-    exotic = any(_is_exotic(v) for v in feeds.values()) or any(
-        _exotic_onnx_type(o.type) for o in session.get_outputs()
-    )
-    if not exotic:
-        return list(session.run(None, feeds, run_options))
-    values = {name: _to_ort_value(ort, value) for name, value in feeds.items()}
-    return [_from_ort_value(v) for v in session.run_with_ort_values(None, values, run_options)]
-
-
-def _is_exotic(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind == "V"
-
-
-def _exotic_onnx_type(type_name: str) -> bool:
-    return bool(re.fullmatch(r"tensor\((bfloat16|float8\w*)\)", type_name))
-
-
-def _to_ort_value(ort: Any, value: Any) -> Any:
-    if not _is_exotic(value):
-        return ort.OrtValue.ortvalue_from_numpy(value)
-    onnx_type = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
-    # ascontiguousarray would make a scalar a vector of one
-    bits = np.array(value, order="C", copy=True).view(f"uint{8 * value.dtype.itemsize}")
-    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx_type)
-
-
-def _from_ort_value(value: Any) -> np.ndarray:
-    if not _exotic_onnx_type(value.data_type()):
-        return value.numpy()
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.element_type()))
-    shape, size = tuple(value.shape()), value.tensor_size_in_bytes()
-    raw = (ctypes.c_char * size).from_address(value.data_ptr()) if size else b""
-    return np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)
-
-
-_CHILD = """
-import pickle, sys
-from torchscan.onnx._check._runtimes import run_onnxruntime
-folder = sys.argv[1]
-with open(folder + "/in.pkl", "rb") as f:
-    data, feeds = pickle.load(f)
-try:
-    result = ("ok", run_onnxruntime(data, feeds))
-except Exception as error:
-    result = ("error", type(error).__name__, str(error))
-with open(folder + "/out.pkl", "wb") as f:
-    pickle.dump(result, f)
-"""
-
-
 class _ChildError(RuntimeError):
     """What onnxruntime raised in the child process, with its type's name."""
 
@@ -275,25 +149,30 @@ class _ChildError(RuntimeError):
         self.child_type = child_type
 
 
-def _in_child_process(data: bytes, feeds: dict[str, Any], limit: Limit | None) -> list[Any]:
+def _in_child_process(
+    data: bytes, feeds: dict[str, Any], level: str, limit: Limit | None
+) -> list[Any]:
     """``run_onnxruntime`` in a child process, so that a crash of onnxruntime ends only it; under
-    a ``limit``, the process is killed when it is to stop."""
+    a ``limit``, the process is killed when it is to stop, and the limit counts from when the
+    child is ready to run the model (its start-up is not the model's run)."""
     import signal
 
-    root = str(Path(__file__).resolve().parents[3])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     with tempfile.TemporaryDirectory(prefix="torchscan-check-") as folder:
         with open(os.path.join(folder, "in.pkl"), "wb") as f:
-            pickle.dump((data, feeds), f)
+            pickle.dump((data, feeds, level), f)
+        if limit is not None:
+            limit.starting()
         with subprocess.Popen(
-            [sys.executable, "-c", _CHILD, folder],
+            [sys.executable, str(Path(_ort.__file__)), folder],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
         ) as child:
             if limit is not None:
                 limit.on_stop(child.kill)
+            assert child.stdout is not None
+            if child.stdout.readline().strip() == "ready" and limit is not None:
+                limit.begin()
             _, stderr = child.communicate()
         if child.returncode < 0:
             name = signal.Signals(-child.returncode).name
@@ -310,6 +189,13 @@ def _in_child_process(data: bytes, feeds: dict[str, Any], limit: Limit | None) -
 
 
 _RUNNERS: dict[str, Callable[[onnx.ModelProto, dict[str, Any], bool, Limit | None], list[Any]]] = {
-    "onnxruntime": _run_onnxruntime,
+    "onnxruntime": _onnxruntime_at("default"),
+    "onnxruntime-unoptimized": _onnxruntime_at("unoptimized"),
     "reference": _run_reference,
 }
+"""Every source of outputs a runtime gives, by its name in reports."""
+
+SOURCES = {"onnxruntime": ("onnxruntime", "onnxruntime-unoptimized"), "reference": ("reference",)}
+"""The sources each of :data:`RUNTIMES` gives: onnxruntime runs the model at its default graph
+optimization level, as users run it, and with the optimizations off; the two are one runtime
+when counting how many independent runtimes ran the model."""
