@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +18,15 @@ REMEDY = (
 )
 
 
+def line_of(fn, text: str) -> str:
+    """``file:line`` of the first line of ``fn``'s source that holds ``text``."""
+    lines, start = inspect.getsourcelines(fn)
+    offset = next(i for i, line in enumerate(lines) if text in line)
+    return f"{inspect.getsourcefile(fn)}:{start + offset}"
+
+
 def first_step_refusal(api: str, fn: str, what: str, step: str = "step") -> str:
+    """``what``: ``carry with mul_ at FILE:LINE``: the first change of each leaf, and its line."""
     return (
         f"{api}: {fn} must not change its arguments in place, but in its first {step} it "
         f"changed {what} (that {step} ran on copies: the tensors passed to {api} are left as they "
@@ -24,11 +34,14 @@ def first_step_refusal(api: str, fn: str, what: str, step: str = "step") -> str:
     )
 
 
-def refusal(api: str, fn: str, what: str, where: str = "") -> str:
+def refusal(api: str, fn: str, what: str, where: str, defined) -> str:
+    """A refusal after the first step, which names the step function's definition."""
     where = f" in {where}" if where else ""
+    qualname = fn.split("(")[1].rstrip(")")
+    at = f"{inspect.getsourcefile(defined)}:{defined.__code__.co_firstlineno}"
     return (
-        f"{api}: {fn} must not change its arguments in place, but{where} it changed {what}. "
-        f"{REMEDY}"
+        f"{api}: {fn} must not change its arguments in place, but{where} it changed {what} "
+        f"({qualname} is defined at {at}). {REMEDY}"
     )
 
 
@@ -52,20 +65,31 @@ def writes_named_leaf(c, x):
     return c, None
 
 
+def squeezes_its_argument(c, x):
+    c.unsqueeze_(0)
+    return c.squeeze(0) + x, None
+
+
 @pytest.mark.parametrize(
     ("fn", "init", "xs", "what"),
     [
-        (scales_carry, torch.zeros(4), torch.ones(4, 4), "carry"),
-        (scales_x, torch.zeros(4), torch.ones(4, 4), "x"),
-        (adds_in_place, torch.zeros(4), torch.ones(4, 4), "carry"),
+        (scales_carry, torch.zeros(4), torch.ones(4, 4), ("carry", "mul_", ".mul_")),
+        (scales_x, torch.zeros(4), torch.ones(4, 4), ("x", "mul_", ".mul_")),
+        (adds_in_place, torch.zeros(4), torch.ones(4, 4), ("carry", "add_", "+=")),
         (
             writes_named_leaf,
             {"h": torch.zeros(2), "o": torch.zeros(3)},
             {"a": torch.ones(4, 2)},
-            "carry['o']",
+            ("carry['o']", "__setitem__", '["o"][0] ='),
+        ),
+        (
+            squeezes_its_argument,
+            torch.zeros(4),
+            torch.ones(4, 4),
+            ("the shape of carry", "unsqueeze_", "unsqueeze_"),
         ),
     ],
-    ids=["mul_-add_", "x-mul_", "+=", "setitem-named-leaf"],
+    ids=["mul_-add_", "x-mul_", "+=", "setitem-named-leaf", "shape-of-the-carry"],
 )
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
 def test_scan_refuses_changes_in_place_and_leaves_the_inputs_alone(
@@ -76,7 +100,9 @@ def test_scan_refuses_changes_in_place_and_leaves_the_inputs_alone(
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.scan(fn, init, xs)
     assert isinstance(info.value, ValueError)
-    assert str(info.value) == first_step_refusal("torchscan.scan", "fn", what)
+    leaf, op, text = what
+    changed = f"{leaf} with {op} at {line_of(fn, text)}"
+    assert str(info.value) == first_step_refusal("torchscan.scan", f"fn ({fn.__name__})", changed)
     after = (init, xs)
     for a, b in zip(
         torch.utils._pytree.tree_leaves(after), torch.utils._pytree.tree_leaves(before), strict=True
@@ -102,7 +128,8 @@ def test_scan_refuses_a_change_in_place_at_a_later_step_naming_it() -> None:
 
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.scan(late, torch.zeros(4), torch.ones(5, 4))
-    assert str(info.value) == refusal("torchscan.scan", "fn", "carry", "step 3")
+    fn = "fn (test_scan_refuses_a_change_in_place_at_a_later_step_naming_it.<locals>.late)"
+    assert str(info.value) == refusal("torchscan.scan", fn, "carry", "step 3", late)
 
 
 def test_scan_refuses_a_change_of_a_slice_at_a_later_step_naming_the_sequence() -> None:
@@ -116,7 +143,13 @@ def test_scan_refuses_a_change_of_a_slice_at_a_later_step_naming_the_sequence() 
     xs = {"a": torch.ones(5, 4), "b": torch.ones(5, 4)}
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.scan(late, {"h": torch.zeros(4)}, xs)
-    assert str(info.value) == refusal("torchscan.scan", "fn", "a slice of xs['b']", "a later step")
+    fn = (
+        "fn (test_scan_refuses_a_change_of_a_slice_at_a_later_step_naming_the_sequence.<locals>"
+        ".late)"
+    )
+    assert str(info.value) == refusal(
+        "torchscan.scan", fn, "a slice of xs['b']", "a later step", late
+    )
 
 
 def test_a_buffer_cloned_in_the_step_may_be_written_in_place() -> None:
@@ -129,6 +162,79 @@ def test_a_buffer_cloned_in_the_step_may_be_written_in_place() -> None:
     o, sums = torchscan.scan(fill, torch.zeros(4), xs)
     assert o.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert sums.tolist() == [0.0, 1.0, 3.0, 6.0]
+
+
+def heads(q: torch.Tensor) -> torch.Tensor:
+    """xLSTM's step: a view of a projection made in the step, squeezed in place."""
+    q = q.view(2, 1, 2)
+    q.squeeze_(1)
+    return q.transpose_(0, 1).reshape(-1)
+
+
+W = torch.randn(4, 4, requires_grad=True)
+
+
+def views_squeezed_in_place(c, x):
+    """Shape-only changes of views of the step's own tensors and of its carry: the carry does
+    not change."""
+    of_c = c.unsqueeze(0)
+    of_c.squeeze_(0).t_()
+    own = heads(x @ W)
+    return c * 0.5 + own + of_c, own
+
+
+@pytest.mark.parametrize("calls", [1, 3])
+def test_shape_only_changes_of_views_are_accepted_as_the_python_loop_runs_them(calls) -> None:
+    # torch refuses in-place changes of views of a leaf that requires grad, in a Python loop too
+    base, xs = torch.randn(4, requires_grad=True), torch.randn(5, 4)
+    init = base * 1.0
+    before = (init.detach().clone(), xs.clone())
+    for _ in range(calls):  # later calls hold every step to what the first call recorded
+        carry, ys = torchscan.scan(views_squeezed_in_place, init, xs)
+    c, expected = init, []
+    for x in xs:
+        c, y = views_squeezed_in_place(c, x)
+        expected.append(y)
+    torch.testing.assert_close(carry, c)
+    torch.testing.assert_close(ys, torch.stack(expected))
+    grads = torch.autograd.grad(carry.sum() + ys.sum(), (base, W), retain_graph=True)
+    loop = torch.autograd.grad(c.sum() + torch.stack(expected).sum(), (base, W))
+    for g, want in zip(grads, loop, strict=True):
+        torch.testing.assert_close(g, want)
+    assert torch.equal(init.detach(), before[0])
+    assert torch.equal(xs, before[1])
+
+
+def test_shape_only_changes_of_views_of_x_are_accepted() -> None:
+    """Every x is a view of xs and shares its version counter: a shape-only change of a view of
+    one bumps it for all, which autograd refuses where an earlier x is saved for backward (in
+    the Python loop too); without gradients it is harmless."""
+
+    def step(c, x):
+        of_x = x.view(1, -1)
+        of_x.squeeze_(0)
+        return c + of_x, of_x * 2
+
+    xs = torch.randn(5, 4)
+    before = xs.clone()
+    carry, ys = torchscan.scan(step, torch.zeros(4), xs)
+    torch.testing.assert_close(carry, xs.sum(0))
+    torch.testing.assert_close(ys, xs * 2)
+    assert torch.equal(xs, before)
+
+
+def test_a_later_call_that_writes_where_the_first_one_did_not_is_refused() -> None:
+    def sometimes(c, x, write=[False]):  # noqa: B006  (the switch between the two calls)
+        if write[0]:
+            c.add_(1)
+        return c + x, None
+
+    torchscan.scan(sometimes, torch.zeros(2), torch.ones(3, 2))
+    sometimes.__defaults__[0][0] = True
+    init = torch.zeros(2)
+    with pytest.raises(torchscan.TorchscanValueError, match="in its first step it changed carry "):
+        torchscan.scan(sometimes, init, torch.ones(3, 2))
+    assert torch.equal(init, torch.zeros(2))
 
 
 def test_a_step_whose_x_skips_elements_computes_as_on_a_view() -> None:
@@ -155,7 +261,13 @@ def test_loop_refuses_changes_in_place_of_the_carry_and_of_i() -> None:
 
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.loop(scales, h, trip_count=3)
-    assert str(info.value) == first_step_refusal("torchscan.loop", "body", "carry", "iteration")
+    qualname = "test_loop_refuses_changes_in_place_of_the_carry_and_of_i.<locals>"
+    assert str(info.value) == first_step_refusal(
+        "torchscan.loop",
+        f"body ({qualname}.scales)",
+        f"carry with mul_ at {line_of(scales, 'h.mul_')}",
+        "iteration",
+    )
 
     def counts(i, h):
         i += 1
@@ -163,7 +275,12 @@ def test_loop_refuses_changes_in_place_of_the_carry_and_of_i() -> None:
 
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.loop(counts, h, trip_count=3)
-    assert str(info.value) == first_step_refusal("torchscan.loop", "body", "i", "iteration")
+    assert str(info.value) == first_step_refusal(
+        "torchscan.loop",
+        f"body ({qualname}.counts)",
+        f"i with add_ at {line_of(counts, 'i += 1')}",
+        "iteration",
+    )
     assert torch.equal(h, torch.zeros(3))
 
 
@@ -176,24 +293,37 @@ def test_loop_refuses_a_write_into_a_carried_buffer_at_a_later_iteration() -> No
 
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.loop(body, (torch.zeros(2), torch.zeros(4, 2)), trip_count=4)
-    assert str(info.value) == refusal("torchscan.loop", "body", "carry[1]", "iteration 2")
+    fn = "body (test_loop_refuses_a_write_into_a_carried_buffer_at_a_later_iteration.<locals>.body)"
+    assert str(info.value) == refusal("torchscan.loop", fn, "carry[1]", "iteration 2", body)
+
+
+def theano_state(x, h):
+    return h.mul_(2).add_(x)
+
+
+def theano_sequence(x, h):
+    return h + x.add_(1)
+
+
+def theano_tap(xm1, x, h):
+    return h + x + xm1.mul_(2)
 
 
 @pytest.mark.parametrize(
     ("fn", "sequences", "outputs_info", "what"),
     [
         (
-            lambda x, h: h.mul_(2).add_(x),
+            theano_state,
             [torch.ones(4, 3)],
             [torch.zeros(3)],
-            "outputs_info[0] at tap -1",
+            ("outputs_info[0] at tap -1", "mul_"),
         ),
-        (lambda x, h: h + x.add_(1), [torch.ones(4, 3)], [torch.zeros(3)], "sequences[0] at tap 0"),
+        (theano_sequence, [torch.ones(4, 3)], [torch.zeros(3)], ("sequences[0] at tap 0", "add_")),
         (
-            lambda xm1, x, h: h + x + xm1.mul_(2),
+            theano_tap,
             [{"input": torch.ones(5, 3), "taps": [-1, 0]}],
             [torch.zeros(3)],
-            "sequences[0] at tap -1",
+            ("sequences[0] at tap -1", "mul_"),
         ),
     ],
     ids=["state", "sequence", "sequence-tap"],
@@ -204,10 +334,25 @@ def test_theano_scan_refuses_changes_in_place_naming_the_argument(
     before = [s.clone() if isinstance(s, torch.Tensor) else s["input"].clone() for s in sequences]
     with pytest.raises(torchscan.TorchscanValueError) as info:
         theano.scan(fn, sequences=sequences, outputs_info=outputs_info)
-    assert str(info.value) == refusal("torchscan.theano.scan", "fn", what)
+    leaf, op = what
+    assert str(info.value) == (
+        f"torchscan.theano.scan: fn ({fn.__name__}) must not change its arguments in place, but "
+        f"it changed {leaf} with {op} at {line_of(fn, op)}. {REMEDY}"
+    )
     for seq, old in zip(sequences, before, strict=True):
         assert torch.equal(seq if isinstance(seq, torch.Tensor) else seq["input"], old)
     assert torch.equal(outputs_info[0], torch.zeros(3))
+
+
+def test_theano_scan_accepts_shape_only_changes_of_views() -> None:
+    def step(x, h):
+        of_x = x.view(1, -1)
+        of_x.squeeze_(0)
+        return h + of_x
+
+    xs = torch.arange(6.0).reshape(3, 2)
+    ys, _ = theano.scan(step, sequences=[xs], outputs_info=[torch.zeros(2)])
+    assert ys.tolist() == [[0.0, 1.0], [2.0, 4.0], [6.0, 9.0]]
 
 
 # -- the type of the carry and of y, at every step ---------------------------------------------

@@ -223,6 +223,7 @@ class CarryType:
         self.api, self.fn_name, self.init = api, fn_name, init
         self.leaves, self.spec = _pytree.tree_flatten(init)
         self.single = isinstance(init, torch.Tensor)  # the common case, checked fastest
+        self.n_tensors = sum(isinstance(leaf, torch.Tensor) for leaf in self.leaves)
         self.shapes = [
             (leaf.shape, leaf.dtype) if isinstance(leaf, torch.Tensor) else None
             for leaf in self.leaves

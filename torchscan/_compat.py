@@ -31,12 +31,11 @@ from torch._guards import TracingContext, detect_fake_mode
 from torch._higher_order_ops.utils import (
     _maybe_run_with_interpreter,
     autograd_not_implemented,
-    check_input_alias_and_mutation_return_outputs,
     reenter_make_fx,
     register_fake,
     unique_graph_id,
 )
-from torch._ops import HigherOrderOperator
+from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode,
@@ -60,7 +59,6 @@ __all__ = [
     "PrivateSymbol",
     "ProxyTorchDispatchMode",
     "autograd_not_implemented",
-    "check_input_alias_and_mutation_return_outputs",
     "cxx_pytree",
     "detect_fake_mode",
     "disable_proxy_modes_tracing",
@@ -81,6 +79,7 @@ __all__ = [
     "track_tensor_tree",
     "uncaptured_operator_error",
     "unique_graph_id",
+    "written_arguments",
 ]
 
 maybe_run_with_interpreter = _maybe_run_with_interpreter
@@ -110,6 +109,21 @@ def non_strict_torch_function_handler() -> type:
     from torch._export.non_strict_utils import _NonStrictTorchFunctionHandler
 
     return _NonStrictTorchFunctionHandler
+
+
+def written_arguments(node: torch.fx.Node) -> tuple[str, list[Any]]:
+    """The name of the operator a node of a traced graph calls (``"add_"``), and the arguments
+    it writes into: those its schema marks as written (``Tensor(a!)``); ``("", [])`` for a node
+    that calls no operator."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, OpOverload):
+        return "", []
+    written = [
+        arg
+        for arg, argument in zip(node.args, target._schema.arguments, strict=False)
+        if argument.is_write
+    ]
+    return target.overloadpacket.__name__, written
 
 
 def register_stack_trace_anchor(code: CodeType) -> None:
@@ -391,10 +405,16 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         ("op", "deferred_error"),
     ),
     PrivateSymbol(
-        _HOP_UTILS,
-        "check_input_alias_and_mutation_return_outputs",
-        "refuse bodies that write into their inputs",
-        ("gm",),
+        "torch._ops",
+        "OpOverload",
+        "refuse bodies that write into their inputs: the arguments an operator's schema "
+        "(OpOverload._schema, an instance attribute) marks as written",
+        source_text="self._schema = schema",
+    ),
+    PrivateSymbol(
+        "torch._ops",
+        "OpOverload.overloadpacket",
+        "refuse bodies that write into their inputs, but for shape-only changes of views",
     ),
     PrivateSymbol(_HOP_UTILS, "reenter_make_fx", "trace a body into a subgraph", ("fn",)),
     PrivateSymbol(_HOP_UTILS, "register_fake", "the fake kernels", ("hop", "fn", "skip_cache")),

@@ -136,6 +136,7 @@ def loop(
         carry_type,
         0,
         refuse_without_until=_NEVER_ENDS if trips is None else None,
+        step=body,
     )
     return carry, _OUTPUTS.stack(ys, 0)
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from torchscan import _checks, _outputs, _pytree
+from torchscan import _checks, _inplace, _outputs, _pytree
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._until import Until, until
 
-__all__ = ["Protocol", "Sources", "Until", "refuse_changes_in_place", "until"]
+__all__ = ["Protocol", "Sources", "Until", "until"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,28 +79,36 @@ class Protocol:
         axis: int,
         refuse_without_until: str | None = None,
         sources: Sequence[Any] | None = None,
+        step: Callable | None = None,
     ) -> tuple[Any, list[Any]]:
         """``carry, y = call(carry, item)`` for every item until a stop; the ``y`` of each step.
 
         The first step runs on copies of ``init`` and of its item, so that a step function that
         changes its arguments in place is refused before it can change the caller's tensors;
         every step is then checked for changes in place (through the tensors' version
-        counters) and for a carry of another shape or dtype. ``sources`` are the tensors of
-        which every later item is a view (the leaves of ``xs``), watched in place of the items;
-        without them, the items themselves are. ``refuse_without_until`` is the error to raise
-        when the first step returns no ``until`` and nothing else would end the loop.
+        counters, :mod:`torchscan._inplace`) and for a carry of another shape or dtype.
+        ``sources`` are the tensors of which every later item is a view (the leaves of ``xs``),
+        watched in place of the items; without them, the items themselves are.
+        ``refuse_without_until`` is the error to raise when the first step returns no ``until``
+        and nothing else would end the loop. ``step`` is the user's function that ``call``
+        calls, which refusals name (``call`` itself by default).
         """
         items = iter(items)
         first, carry = next(items), carry_type.init
+        step = call if step is None else step
         # TorchDynamo, compiling the loop, keeps eager semantics itself and cannot read
         # versions; inference tensors have none.
         watching = not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled())
-        if not torch.compiler.is_compiling():
+        allowed: tuple[int, ...] = ()
+        if torch.compiler.is_compiling():
+            out = call(carry, first)
+        else:
+            originals = (carry, first)
             first, carry = _copies(first), _copies(carry)
-        before = _versions(carry, first) if watching else ()
-        out = call(carry, first)
-        if watching and _versions(carry, first) != before:
-            self._refuse_first_changes(carry_type, carry, first, before)
+            if watching:
+                out, allowed = self._first_step(call, step, carry_type, carry, first, originals)
+            else:
+                out = call(carry, first)
         has_until = self.check_first(out, carry_type, axis, refuse_without_until)
         carry, y = out[0], out[1]
         ys = [y]
@@ -111,19 +119,92 @@ class Protocol:
         # the common single-tensor carry; the versions of xs once at the end (every x is a view
         # of them), and never the counter i of a loop (a fresh tensor at every iteration).
         sources_before = sources.versions() if watching and sources is not None else ()
+        n_carries = carry_type.n_tensors
+        carry_allowed = allowed[:n_carries]
         single = carry_type.single
+        ran = [0]
         if single and watching and not has_until:
-            carry = self._run_single(call, items, carry, carry_type, append)
-        else:
-            carry = self._run_any(call, items, carry, carry_type, append, has_until, watching)
-        if watching and sources is not None and sources.versions() != sources_before:
-            named = [(f"a slice of {name}", leaf) for name, leaf in sources.named()]
-            where = f"a later {self.step_name}"
-            refuse_changes_in_place(
-                self.api, self.fn_name, named, sources_before, where, "", skip_none=True
+            carry = self._run_single(
+                call, items, carry, carry_type, append, carry_allowed[0], step, ran
             )
+        else:
+            carry = self._run_any(
+                call, items, carry, carry_type, append, has_until, watching, carry_allowed, step,
+                ran,
+            )  # fmt: skip
+        if watching and sources is not None:
+            per_step = _item_allowed(allowed[n_carries:], sources)
+            expected = [v + d * ran[0] for v, d in zip(sources_before, per_step, strict=True)]
+            if sources.versions() != expected:
+                named = [(f"a slice of {name}", leaf) for name, leaf in sources.named()]
+                changed = [
+                    name
+                    for (name, leaf), want in zip(
+                        [(n, t) for n, t in named if t is not None], expected, strict=True
+                    )
+                    if _version(leaf) != want
+                ]
+                raise _inplace.refuse(
+                    self.api, self.fn_name, step, changed, f"in a later {self.step_name}"
+                )
         carry_type.check(carry, f" in a later {self.step_name}")
         return carry, ys
+
+    def _first_step(
+        self,
+        call: Callable[[Any, Any], Any],
+        step: Callable,
+        carry_type: _checks.CarryType,
+        carry: Any,
+        item: Any,
+        originals: tuple[Any, Any],
+    ) -> tuple[Any, tuple[int, ...]]:
+        """The first step, on copies ``carry`` and ``item`` of ``originals``; what it returned,
+        and the version bumps each argument is allowed per step (those of shape-only changes of
+        views of it). The first time a step function runs, its first step runs under
+        :class:`~torchscan._inplace.Recorder`; later calls hold it to what that found."""
+        tensors = [
+            *(leaf for leaf in _pytree.tree_leaves(carry) if isinstance(leaf, torch.Tensor)),
+            *(leaf for leaf in _pytree.tree_leaves(item) if isinstance(leaf, torch.Tensor)),
+        ]
+        key = _inplace.key_of(step)
+        allowed = _inplace.allowed(key, len(tensors))
+        when, copies = f"in its first {self.step_name}", f"that {self.step_name} ran on copies"
+        if allowed is None:
+            named = self._named_arguments(carry_type, carry, item)
+            with _inplace.Recorder(named) as recorder:
+                out = call(carry, item)
+            refused = [change for change in recorder.changes if change.refused]
+            if refused:
+                raise _inplace.refuse(self.api, self.fn_name, step, refused, when, copies)
+            allowed = recorder.deltas()
+            _inplace.remember(key, allowed)
+            return out, allowed
+        before = [_version(t) for t in tensors]
+        out = call(carry, item)
+        if [_version(t) - b for t, b in zip(tensors, before, strict=True)] != list(allowed):
+            # Not what the step did the first time it ran: a write, or a shape-only change this
+            # call makes and the recorded one did not. The originals tell which.
+            named = self._named_arguments(carry_type, carry, item)
+            originals_named = self._named_arguments(carry_type, *originals)
+            changed = [
+                name
+                for (name, copy), (_, original) in zip(named, originals_named, strict=True)
+                if not _same_tensor(copy, original)
+            ]
+            _inplace.forget(key)  # the next call records the step again
+            if changed:
+                raise _inplace.refuse(self.api, self.fn_name, step, changed, when, copies)
+            allowed = tuple(_version(t) - b for t, b in zip(tensors, before, strict=True))
+        return out, allowed
+
+    def _named_arguments(
+        self, carry_type: _checks.CarryType, carry: Any, item: Any
+    ) -> list[tuple[str, torch.Tensor]]:
+        return [
+            *self._named_carry(carry_type, carry),
+            *_pytree.named_tensors(item, self.item_name),
+        ]
 
     def check_first(
         self,
@@ -165,11 +246,16 @@ class Protocol:
         carry: torch.Tensor,
         carry_type: _checks.CarryType,
         append: Callable[[Any], None],
+        allowed: int,
+        step: Callable,
+        ran: list[int],
     ) -> Any:
         """The steps after the first, for a carry that is one tensor and a step function that
-        returns no ``until``: the loop of :meth:`_run_any` with nothing it does not need."""
+        returns no ``until``: the loop of :meth:`_run_any` with nothing it does not need.
+        ``allowed`` is the carry's version bumps per step; ``ran[0]`` counts the steps."""
         shape, dtype = carry_type.shapes[0]  # type: ignore[misc]
         tensor = torch.Tensor
+        index = 0
         for index, item in enumerate(items, 1):
             try:
                 before = carry._version
@@ -181,15 +267,14 @@ class Protocol:
             except (TypeError, ValueError):
                 self.has_until(out, expected=False)
                 raise
-            if before != -1 and carry._version != before:
-                where = f"{self.step_name} {index}"
-                refuse_changes_in_place(
-                    self.api, self.fn_name, [("carry", carry)], (before,), where, ""
-                )
+            if before != -1 and carry._version - before != allowed:
+                where = f"in {self.step_name} {index}"
+                raise _inplace.refuse(self.api, self.fn_name, step, ["carry"], where)
             if not (isinstance(new, tensor) and new.shape == shape and new.dtype is dtype):
                 carry_type.check(new, f" in {self.step_name} {index}")
             carry = new
             append(y)
+        ran[0] = index
         return carry
 
     def _run_any(
@@ -201,13 +286,20 @@ class Protocol:
         append: Callable[[Any], None],
         has_until: bool,
         watching: bool,
+        allowed: Sequence[int] = (),
+        step: Callable | None = None,
+        ran: list[int] | None = None,
     ) -> Any:
-        """The steps after the first: call, read, check, until a stop."""
+        """The steps after the first: call, read, check, until a stop. ``allowed`` are the
+        version bumps per step of each tensor of the carry; ``ran[0]`` counts the steps."""
         single = carry_type.single
         shape, dtype = carry_type.shapes[0] if single else (None, None)  # type: ignore[misc]
         leaves = None if single else carry_type.tensor_leaves(carry)
         before: Any = None
         stop: Any = None
+        index = 0
+        if watching:
+            allowed = list(allowed) or [0] * (1 if single else len(leaves or ()))
         for index, item in enumerate(items, 1):
             if watching:
                 before = _version(carry) if single else [_version(leaf) for leaf in leaves]
@@ -225,13 +317,19 @@ class Protocol:
                 except (TypeError, ValueError):
                     self.has_until(out, expected=False)
                     raise
-            if watching and before != (
-                _version(carry) if single else [_version(leaf) for leaf in leaves]
-            ):
-                named = self._named_carry(carry_type, carry)
-                versions = (before,) if single else before
-                where = f"{self.step_name} {index}"
-                refuse_changes_in_place(self.api, self.fn_name, named, versions, where, "")
+            if watching:
+                after = [_version(carry)] if single else [_version(leaf) for leaf in leaves]
+                versions = [before] if single else before
+                deltas = [a - b for a, b in zip(after, versions, strict=True)]
+                if deltas != allowed and -1 not in versions:
+                    named = self._named_carry(carry_type, carry)
+                    changed = [
+                        name
+                        for (name, _), d, a in zip(named, deltas, allowed, strict=True)
+                        if d != a
+                    ]
+                    where = f"in {self.step_name} {index}"
+                    raise _inplace.refuse(self.api, self.fn_name, step or call, changed, where)
             if single:
                 if not (
                     isinstance(new, torch.Tensor) and new.shape == shape and new.dtype is dtype
@@ -245,6 +343,8 @@ class Protocol:
             append(y)
             if has_until and self.check_stop(stop, index):
                 break
+        if ran is not None:
+            ran[0] = index
         return carry
 
     def _named_carry(self, carry_type: _checks.CarryType, carry: Any) -> list[tuple[str, Any]]:
@@ -258,30 +358,25 @@ class Protocol:
             if leaf is not None
         ]
 
-    def _refuse_first_changes(
-        self, carry_type: _checks.CarryType, carry: Any, item: Any, before: tuple[int, ...]
-    ) -> None:
-        """Raise if the first step changed its carry or its item (copies, whose versions were
-        ``before``) in place."""
-        named = [
-            *self._named_carry(carry_type, carry),
-            *_pytree.named_tensors(item, self.item_name),
-        ]
-        where, copies = f"its first {self.step_name}", f"that {self.step_name} ran on copies"
-        refuse_changes_in_place(self.api, self.fn_name, named, before, where, copies)
-
-    def refuse_traced_changes(self, arguments: Sequence[tuple[str, Any]]) -> Callable[[], None]:
-        """Record the versions of the arguments of one call of the step function being traced
-        (``[("carry", carry), ("x", x)]``); the function returned refuses the call if it changed
-        one of them in place."""
+    def traced_call(
+        self, call: Callable[..., Any], step: Callable, arguments: Sequence[tuple[str, Any]]
+    ) -> Any:
+        """One call of the step function being traced, ``call(*values)`` for the named
+        ``arguments`` (``[("carry", carry), ("x", x)]``), under a
+        :class:`~torchscan._inplace.Recorder`: a call that changes an argument in place is
+        refused as eagerly, naming ``step``, the line and the leaf."""
         named = [
             (name, leaf)
             for root, tree in arguments
             for name, leaf in _pytree.named_tensors(tree, root)
             if isinstance(leaf, torch.Tensor)
         ]
-        before = tuple(_version(leaf) for _, leaf in named)
-        return lambda: refuse_changes_in_place(self.api, self.fn_name, named, before, "", "")
+        with _inplace.Recorder(named) as recorder:
+            out = call(*(tree for _, tree in arguments))
+        refused = [change for change in recorder.changes if change.refused]
+        if refused:
+            raise _inplace.refuse(self.api, self.fn_name, step, refused, "")
+        return out
 
     def check_fake_result(self, out: Any, carry_type: _checks.CarryType, axis: int) -> Any:
         """Check what the step function returned on fake tensors; return its ``y``."""
@@ -290,38 +385,6 @@ class Protocol:
         carry_type.check(out[0], "")
         self.outputs.check_first(out[1], axis)
         return out[1]
-
-
-def refuse_changes_in_place(
-    api: str,
-    fn_name: str,
-    named: Sequence[tuple[str, torch.Tensor]],
-    before: Sequence[int],
-    where: str,
-    copies: str,
-    *,
-    skip_none: bool = False,
-) -> None:
-    """Raise if one of the ``named`` tensors that ``fn_name`` received has another version than
-    ``before``: the function changed it in place. ``where`` names the step (``step 3``), and
-    ``copies`` says when that step ran on copies of the caller's tensors. With ``skip_none``,
-    ``None`` among ``named`` has no entry in ``before``."""
-    if skip_none:
-        named = [(name, leaf) for name, leaf in named if leaf is not None]
-    changed = [
-        name
-        for (name, leaf), version in zip(named, before, strict=True)
-        if _version(leaf) != version
-    ]
-    if not changed:
-        return
-    untouched = f" ({copies}: the tensors passed to {api} are left as they were)" if copies else ""
-    raise TorchscanValueError(
-        f"{api}: {fn_name} must not change its arguments in place, but"
-        f"{f' in {where}' if where else ''} it changed {', '.join(changed)}{untouched}. An "
-        "exported loop could not do the same. Compute new tensors instead: h = h * 2 rather than "
-        "h.mul_(2) or h *= 2, and o = o.clone() before writing into o[i]."
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,6 +401,25 @@ class Sources:
     def named(self) -> list[tuple[str, torch.Tensor | None]]:
         tree = _pytree.tree_unflatten(list(self.leaves), self.spec)
         return list(zip(_pytree.leaf_names(tree, "xs"), self.leaves, strict=True))
+
+
+def _item_allowed(allowed: Sequence[int], sources: Sources) -> list[int]:
+    """The version bumps per step of each leaf of ``xs``: those allowed its slices."""
+    count = len(sources.versions())
+    return list(allowed) if len(allowed) == count else [0] * count
+
+
+def _same_tensor(copy: torch.Tensor, original: torch.Tensor) -> bool:
+    """Whether ``copy`` still has the shape and values of ``original`` (NaNs where it has
+    NaNs)."""
+    if copy.shape != original.shape or copy.dtype != original.dtype:
+        return False
+    if torch.equal(copy, original):
+        return True
+    if not (copy.is_floating_point() or copy.is_complex()):
+        return False
+    nan = original.isnan()
+    return torch.equal(copy.isnan(), nan) and torch.equal(copy[~nan], original[~nan])
 
 
 def _copies(tree: Any) -> Any:
@@ -378,17 +460,7 @@ def _extent(t: torch.Tensor) -> int | None:
     return extent
 
 
-def _versions(carry: Any, item: Any) -> tuple[int, ...]:
-    leaves = [*_pytree.tree_leaves(carry), *_pytree.tree_leaves(item)]
-    return tuple(_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor))
-
-
-def _version(leaf: torch.Tensor) -> int:
-    """The version counter of ``leaf``; -1 for an inference tensor, which has none."""
-    try:
-        return leaf._version
-    except RuntimeError:
-        return -1
+_version = _inplace.version
 
 
 def _describe_result(out: Any) -> str:

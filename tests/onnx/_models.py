@@ -302,6 +302,28 @@ class IntegerMasks(torch.nn.Module):
         return torchscan.scan(step, h, xs)
 
 
+class ViewsReshapedInPlace(torch.nn.Module):
+    """xLSTM's step: the heads of a projection made in the step, a view squeezed in place
+    (``q.squeeze_(2)``), and a view of the carry squeezed in place; no argument changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(F, H)
+
+    def forward(self, xs, h):
+        def step(c, x):
+            q = self.proj(x).view(B, 2, 1, H // 2)
+            q.squeeze_(2)
+            q.unsqueeze_(0)
+            q.squeeze_(0)
+            of_c = c.unsqueeze(0)
+            of_c.squeeze_(0)
+            c = torch.tanh(of_c + q.reshape(B, H))
+            return c, q.sum(-1)
+
+        return torchscan.scan(step, h, xs)
+
+
 class Shifted(torch.nn.Module):
     """A fixed-grid ODE step over ``zip(t[:-1], t[1:])``: at length 1 the scanned sequences are
     empty, and the scan must return the initial state and empty outputs."""
@@ -396,6 +418,7 @@ CASES: dict[str, Case] = {
     ),
     "invariant-outputs": Case(InvariantOutputs, time_major((F,)), dynamic_time(1)),
     "integer-masks": Case(IntegerMasks, time_major((F,)), dynamic_time(1)),
+    "views-reshaped-in-place": Case(ViewsReshapedInPlace, time_major((F,)), dynamic_time(1)),
     "shifted": Case(Shifted, time_major((F,)), dynamic_time(1), run_lengths=(1, 2, 6)),
     "shifted-axis1-reverse": Case(
         ShiftedAxis1Reverse,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 import logging
 import warnings
@@ -123,13 +124,22 @@ class ScalesNamedSlice(torch.nn.Module):
         return torchscan.scan(step, h, {"a": xs, "b": xs * 1})
 
 
+def source_line(fn, text: str) -> str:
+    """``file:line`` of the first line of ``fn``'s source that holds ``text``."""
+    lines, start = inspect.getsourcelines(fn)
+    offset = next(i for i, line in enumerate(lines) if text in line)
+    return f"{inspect.getsourcefile(fn)}:{start + offset}"
+
+
 def test_in_place_writes_into_a_captured_tensor_are_refused() -> None:
     with pytest.raises(torchscan.ExportError) as info:
         export(CountsInBuffer())
     assert str(info.value) == (
-        "torchscan: the loop body modifies in place a tensor it reads by closure, which an "
+        "torchscan.scan: fn (CountsInBuffer.forward.<locals>.step) modifies in place self.count "
+        f"(float32[2] on cpu) with add_ at {source_line(CountsInBuffer.forward, 'add_')}, which an "
         "exported loop cannot do (the model would compute something else than eager PyTorch). "
-        "Return the new value as part of the carry instead."
+        "Return the new value as part of the carry instead (a running statistic or a counter "
+        "updated at every step is a carry of the loop)."
     )
 
 
@@ -191,13 +201,23 @@ class TheanoScalesTap(torch.nn.Module):
 @pytest.mark.parametrize(
     ("model", "api", "fn", "what"),
     [
-        (ScalesSlice, "torchscan.scan", "fn", "x"),
-        (ScalesNamedSlice, "torchscan.scan", "fn", "x['b']"),
-        (ScalesCarry, "torchscan.scan", "fn", "carry"),
-        (WritesIntoCarriedBuffer, "torchscan.loop", "body", "carry[1]"),
-        (IncrementsCounter, "torchscan.loop", "body", "i"),
-        (TheanoScalesState, "torchscan.theano.scan", "fn", "outputs_info[0] at tap -1"),
-        (TheanoScalesTap, "torchscan.theano.scan", "fn", "sequences[0] at tap -1"),
+        (ScalesSlice, "torchscan.scan", "fn", ("x", "mul_", "mul_")),
+        (ScalesNamedSlice, "torchscan.scan", "fn", ("x['b']", "mul_", "mul_")),
+        (ScalesCarry, "torchscan.scan", "fn", ("carry", "mul_", "mul_")),
+        (WritesIntoCarriedBuffer, "torchscan.loop", "body", ("carry[1]", "__setitem__", "o[i]")),
+        (IncrementsCounter, "torchscan.loop", "body", ("i", "add_", "i += 1")),
+        (
+            TheanoScalesState,
+            "torchscan.theano.scan",
+            "fn",
+            ("outputs_info[0] at tap -1", "mul_", "mul_"),
+        ),
+        (
+            TheanoScalesTap,
+            "torchscan.theano.scan",
+            "fn",
+            ("sequences[0] at tap -1", "mul_", "mul_"),
+        ),
     ],
     ids=[
         "slice",
@@ -210,7 +230,12 @@ class TheanoScalesTap(torch.nn.Module):
     ],
 )
 def test_in_place_changes_of_the_arguments_are_refused_as_eagerly(model, api, fn, what) -> None:
-    """The export refuses what eager execution refuses, with the same words (less the step)."""
+    """The export refuses what eager execution refuses, with the same words (less the step):
+    the step function, the leaf, the operator and the line."""
+    leaf, op, text = what
+    step = "body" if fn == "body" else "step"
+    fn = f"{fn} ({model.__name__}.forward.<locals>.{step})"
+    what = f"{leaf} with {op} at {source_line(model.forward, text)}"
     xs, h = torch.ones(4, 3), torch.zeros(3)
     with pytest.raises(torchscan.TorchscanValueError) as info:
         model()(xs, h)

@@ -507,8 +507,11 @@ class WritesIntoABuffer(torch.nn.Module):
 
 
 def test_a_write_at_the_step_number_into_a_captured_tensor_is_refused() -> None:
+    body_line = f"test_export_indexing.py:{WritesIntoABuffer.forward.__code__.co_firstlineno + 2}"
     with pytest.raises(
-        torchscan.ExportError, match="modifies in place a tensor it reads by closure"
+        torchscan.ExportError,
+        match=rf"^torchscan\.loop: body \(WritesIntoABuffer\.forward\.<locals>\.body\) modifies in "
+        rf"place self\.o \(float32\[2, 8\] on cpu\) with index_copy_ at \S+{body_line}, ",
     ):
         torch.export.export(
             WritesIntoABuffer(),

@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchscan._compat import (
     HigherOrderOperator,
     ProxyTorchDispatchMode,
-    check_input_alias_and_mutation_return_outputs,
     detect_fake_mode,
     pytree,
     reenter_make_fx,
     symbolic_symbols,
     track_tensor_tree,
     unique_graph_id,
+    written_arguments,
 )
 from torchscan._errors import ExportError
+from torchscan._inplace import METADATA_ONLY
+from torchscan._source import StepSource, name_in
 from torchscan._traced import _step_errors
 from torchscan._traced._indexing import BodyIndexing
 
@@ -169,34 +173,101 @@ def _copy_aliased_outputs(gm: torch.fx.GraphModule) -> None:
     output.args = (tuple(values),)
 
 
-class InPlaceWrite(ExportError):
-    """A body writes in place into what it may not: ``sequences`` are the positions, among the
-    scan's sequences, of those whose slices it writes into, ``closure`` whether it writes into a
-    tensor it reads by closure. :meth:`naming` words it with the names of the sequences."""
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """One input of a body that it writes into in place: the position of a sequence of the scan
+    (``sequence``), or the name of a tensor it reads by closure (``closure``); ``op`` is the
+    operator (``add_``) and ``where`` the user's line (`` at file.py:12``) or ``""``."""
 
-    def __init__(self, sequences: list[int], closure: bool, names: Sequence[str] = ()) -> None:
-        self.sequences, self.closure = sequences, closure
-        what = [
-            *(f"a slice of {names[i]}" if names else "a slice of xs" for i in sequences),
-            *(["a tensor it reads by closure"] if closure else []),
-        ]
+    sequence: int | None
+    closure: str
+    op: str
+    where: str
+
+    def text(self, names: Sequence[str]) -> str:
+        if self.sequence is not None:
+            what = f"a slice of {names[self.sequence]}" if names else "a slice of xs"
+        else:
+            what = self.closure
+        return f"{what} with {self.op}{self.where}"
+
+
+class InPlaceWrite(ExportError):
+    """A body writes in place into what it may not: slices of the scan's sequences, or tensors it
+    reads by closure (a module's buffer, a parameter). :meth:`naming` words it with the names of
+    the sequences."""
+
+    def __init__(
+        self, step: StepSource | None, written: Sequence[Written], names: Sequence[str] = ()
+    ) -> None:
+        self.step, self.written = step, list(written)
+        self.sequences = [w.sequence for w in self.written if w.sequence is not None]
+        who = step.who if step is not None else "torchscan: the loop body"
+        what = " and ".join(dict.fromkeys(w.text(names) for w in self.written))
         super().__init__(
-            "torchscan: the loop body modifies in place "
-            f"{' and '.join(dict.fromkeys(what))}, which an exported loop cannot do (the model "
-            "would compute something else than eager PyTorch). Return the new value as part of "
-            "the carry instead."
+            f"{who} modifies in place {what}, which an exported loop cannot do (the model would "
+            "compute something else than eager PyTorch). Return the new value as part of the "
+            "carry instead (a running statistic or a counter updated at every step is a carry "
+            "of the loop)."
         )
 
     def naming(self, names: Sequence[str]) -> InPlaceWrite:
         """The same refusal, naming the sequences by ``names`` (``xs['b']``)."""
-        return InPlaceWrite(self.sequences, self.closure, names)
+        return InPlaceWrite(self.step, self.written, names)
 
 
-def refuse_mutation(gm: torch.fx.GraphModule, n_carries: int, n_sequences: int) -> None:
+def mutated_inputs(gm: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
+    """The inputs of ``gm`` that an operator of it writes into, through a view or directly, by
+    position, with the first node that does; a shape-only change of a view
+    (``x.view(...).squeeze_()``) changes no input."""
+    storages: dict[StorageWeakRef, int] = {}
+    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            storages.setdefault(StorageWeakRef(value.untyped_storage()), i)
+    mutated: dict[int, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        op, written = written_arguments(node)
+        for arg in written:
+            if not isinstance(arg, torch.fx.Node):
+                continue
+            if op in METADATA_ONLY and arg.op != "placeholder":
+                continue
+            value = arg.meta.get("val")
+            if isinstance(value, torch.Tensor):
+                found = storages.get(StorageWeakRef(value.untyped_storage()))
+                if found is not None:
+                    mutated.setdefault(found, node)
+    return mutated
+
+
+def refuse_mutation(
+    gm: torch.fx.GraphModule, n_carries: int, n_sequences: int, captured: Sequence[Any] = ()
+) -> None:
     """A body that writes in place into a sequence slice or a captured tensor has an effect an
-    ONNX loop cannot express; the carry is a per-step value and may be changed freely."""
-    *_, mutated, _ = check_input_alias_and_mutation_return_outputs(gm)
-    bad = sorted(i for i in set(mutated) if i >= n_carries)
-    if bad:
-        sequences = [i - n_carries for i in bad if i < n_carries + n_sequences]
-        raise InPlaceWrite(sequences, closure=len(sequences) < len(bad))
+    ONNX loop cannot express; the carry is a per-step value and may be changed freely.
+    ``captured`` are the values of the inputs after the carries and sequences, which the
+    refusal names where the step function's closure, globals or ``self`` hold them."""
+    bad = {i: node for i, node in mutated_inputs(gm).items() if i >= n_carries}
+    if not bad:
+        return
+    step = _step_errors.step_of(gm)
+    written = []
+    for i, node in sorted(bad.items()):
+        op = written_arguments(node)[0] or str(node.target)
+        where = _step_errors.where(step, node) if step is not None else ""
+        if i < n_carries + n_sequences:
+            written.append(Written(i - n_carries, "", op, where))
+            continue
+        position = i - n_carries - n_sequences
+        value = captured[position] if position < len(captured) else None
+        written.append(Written(None, _closure_name(step, value), op, where))
+    raise InPlaceWrite(step, written)
+
+
+def _closure_name(step: StepSource | None, value: Any) -> str:
+    if isinstance(value, torch.Tensor) and step is not None and step.function is not None:
+        found = name_in(step.function, value)
+        if not found.startswith("a tensor "):
+            return found
+    return "a tensor it reads by closure"

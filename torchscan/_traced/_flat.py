@@ -73,11 +73,8 @@ class _FlatStep:
         whose branches TorchDynamo could not trace, are refused, naming the line, and so is a
         call that changes its arguments in place, as eagerly."""
         names = ("i", "carry") if self.protocol.item_name == "i" else ("carry", "x")
-        refuse_changes = self.protocol.refuse_traced_changes(list(zip(names, args, strict=True)))
         try:
-            out = self.fn(*args)
-            refuse_changes()
-            return out
+            return self.protocol.traced_call(self.fn, self.fn, list(zip(names, args, strict=True)))
         except GuardOnDataDependentSymNode as error:
             refusal = _step_errors.data_dependent(self.source, error)
             if refusal is None:

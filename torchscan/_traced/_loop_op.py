@@ -132,7 +132,7 @@ def _loop_trace(mode, body, trip_count, cond, carries, captured, has_until):
             (), dtype=torch.int64, device=None if reference is None else reference.device
         )
     body_gm, captured = trace_body(mode, body, [i, *sample_carries], captured)
-    refuse_mutation(body_gm, 1 + len(carries), 0)
+    refuse_mutation(body_gm, 1 + len(carries), 0, captured)
     args = (body_gm, trip_count, cond, carries, captured, has_until)
     outputs = output_values(body_gm)
     ys = outputs[len(carries) : len(carries) + _n_ys(outputs, len(carries), has_until)]

@@ -174,7 +174,7 @@ def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out
         sample_carries = [c.clone() for c in carries]
         sample_xs = [slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
     body_gm, captured = trace_body(mode, body, [*sample_carries, *sample_xs], captured)
-    refuse_mutation(body_gm, len(carries), len(xs))
+    refuse_mutation(body_gm, len(carries), len(xs), captured)
     outputs = output_values(body_gm)
     ys = outputs[len(carries) :]
     out_axes = tuple(

@@ -13,77 +13,22 @@ registered with torch as a frame to keep in it).
 from __future__ import annotations
 
 import contextvars
-import dataclasses
-import functools
-import inspect
-import os
 import re
 import traceback
-import types
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchscan import _compat
 from torchscan._errors import ExportError
+from torchscan._source import TORCH_FILES as _TORCH
+from torchscan._source import TORCHSCAN_FILES, StepSource, is_users
 
 STEP_KEY = "torchscan_step"
 """The key of a traced body's :class:`StepSource` in its ``GraphModule.meta``."""
 
 _ATTRIBUTE = "__torchscan_step__"
-
-# The packages whose frames are not the user's (with the separator: torchvision is not torch).
-_TORCH = os.path.join(Path(torch.__file__).parent, "")
-_TORCHSCAN = os.path.join(Path(__file__).parent.parent, "")
-
-
-@dataclasses.dataclass(frozen=True)
-class StepSource:
-    """The user's step function, as the public function that calls it names it: ``api``
-    (``torchscan.scan``), ``role`` (``fn``, ``body``), its ``__qualname__`` and its code."""
-
-    api: str
-    role: str
-    qualname: str
-    code: types.CodeType | None
-
-    @classmethod
-    def of(cls, fn: Callable, api: str, role: str) -> StepSource:
-        function = inspect.unwrap(fn)
-        while isinstance(function, functools.partial):
-            function = function.func
-        if isinstance(function, torch.nn.Module):
-            function = function.forward
-        code = getattr(function, "__code__", None)
-        if code is None and callable(function):  # an object with a __call__ method
-            function = type(function).__call__
-            code = getattr(function, "__code__", None)
-        qualname = getattr(function, "__qualname__", None) or type(fn).__qualname__
-        return cls(api, role, qualname, code)
-
-    def keep_its_frames(self) -> None:
-        """Have torch record the step's own lines in the stack traces of the nodes it creates
-        (while exporting, torch keeps only ``forward`` methods and the frames registered)."""
-        if self.code is not None:
-            _compat.register_stack_trace_anchor(self.code)
-
-    @property
-    def who(self) -> str:
-        return f"{self.api}: {self.role} ({self.qualname})"
-
-    def _lines(self) -> set[int]:
-        assert self.code is not None
-        return {line for *_, line in self.code.co_lines() if line is not None}
-
-    def owns(self, filename: str, name: str, line: int) -> bool:
-        return (
-            self.code is not None
-            and filename == self.code.co_filename
-            and name == self.code.co_name
-            and line in self._lines()
-        )
 
 
 # -- carrying the step with the body -----------------------------------------------------------
@@ -159,15 +104,17 @@ def _where(step: StepSource, frames: Iterable[tuple[str, int, str]]) -> str:
     return f" at {found[-1]}" if found else ""
 
 
+def where(step: StepSource, node: torch.fx.Node) -> str:
+    """`` at file:line``: the line of ``step`` that made ``node`` of its traced body, or
+    nothing where torch recorded none."""
+    return _where(step, _node_frames(node))
+
+
 def _node_frames(node: torch.fx.Node) -> list[tuple[str, int, str]]:
     return [
         (m["file"], int(m["line"]), m["name"])
         for m in _FRAME.finditer(node.meta.get("stack_trace") or "")
     ]
-
-
-def _is_users(filename: str) -> bool:
-    return not filename.startswith((_TORCH, _TORCHSCAN, "<"))
 
 
 # -- a value known only when the model runs ----------------------------------------------------
@@ -180,11 +127,14 @@ def data_dependent(step: StepSource, error: BaseException) -> ExportError | None
     frames = [
         (summary.filename, summary.lineno or 0, summary.name)
         for summary in traceback.extract_tb(error.__traceback__)
-        # the mode that indexing in bodies runs under passes every torch function through
-        if not (summary.filename.endswith("_indexing.py") and summary.name == "__torch_function__")
+        # torchscan's torch function modes (indexing in bodies, the record of in-place
+        # changes) pass every torch function through
+        if not (
+            summary.filename.startswith(TORCHSCAN_FILES) and summary.name == "__torch_function__"
+        )
     ]
     outside_torch = [frame for frame in frames if not frame[0].startswith(_TORCH)]
-    if not outside_torch or not _is_users(outside_torch[-1][0]):
+    if not outside_torch or not is_users(outside_torch[-1][0]):
         return None
     where = _where(step, frames)
     if not where:

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from torchscan import _inplace
 from torchscan._loop import loop as _loop
 from torchscan._scan import scan_in_order as _scan_in_order
-from torchscan._steps import Until, refuse_changes_in_place
+from torchscan._steps import Until
 from torchscan.theano._args import _API, _Output, _Sequence
 from torchscan.theano._step import _split_result
 from torchscan.theano._strict import _Known, _passed_tensors, _strict_call
@@ -34,6 +35,8 @@ class _Plan:
     strict: bool
     last_stop: Until | None = None
     records_stop: bool = False  # whether step keeps its until in last_stop
+    # the version bumps fn's first step made on each argument, shape-only changes of views
+    allowed: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self.n_outputs = len(self.outputs) or None
@@ -53,18 +56,32 @@ class _Plan:
         args = [*x, *past, *self.non_sequences]
         # Versions are read eagerly and while torch.export traces; TorchDynamo cannot read them.
         watching = not (torch.compiler.is_dynamo_compiling() or torch.is_inference_mode_enabled())
-        before = tuple(t._version for t in (*x, *past)) if watching else ()
-        result = _strict_call(self.fn, args, self.passed) if self.strict else self.fn(*args)
-        if watching and tuple(t._version for t in (*x, *past)) != before:
-            refuse_changes_in_place(
-                _API,
-                "fn",
-                list(zip(self._argument_names(), (*x, *past), strict=True)),
-                before,
-                "",
-                "",
-            )
+        if not watching:
+            return _split_result(self._call(args), self.n_outputs)
+        arguments = (*x, *past)
+        if self.allowed is None:  # the first step: which in-place changes does fn make?
+            named = list(zip(self._argument_names(), arguments, strict=True))
+            with _inplace.Recorder(named) as recorder:
+                result = self._call(args)
+            refused = [change for change in recorder.changes if change.refused]
+            if refused:
+                raise _inplace.refuse(_API, "fn", self.fn, refused, "")
+            self.allowed = recorder.deltas()
+            return _split_result(result, self.n_outputs)
+        before = [_inplace.version(t) for t in arguments]
+        result = self._call(args)
+        deltas = tuple(_inplace.version(t) - b for t, b in zip(arguments, before, strict=True))
+        if deltas != self.allowed:
+            changed = [
+                name
+                for name, d, a in zip(self._argument_names(), deltas, self.allowed, strict=True)
+                if d != a
+            ]
+            raise _inplace.refuse(_API, "fn", self.fn, changed, "in a later step")
         return _split_result(result, self.n_outputs)
+
+    def _call(self, args: list[Any]) -> Any:
+        return _strict_call(self.fn, args, self.passed) if self.strict else self.fn(*args)
 
     def _argument_names(self) -> list[str]:
         """What fn's arguments read, in order: sequences at their taps, then past outputs."""

@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from torchscan import _checks, _pytree
 from torchscan._errors import TorchscanValueError
+from torchscan._source import name_in
 from torchscan.theano._args import _API
 
 
@@ -90,41 +91,10 @@ def _strict_call(fn: Callable, args: list[Any], passed: _Known) -> Any:
     with _StrictCheck(passed, args) as mode:
         result = fn(*args)
     if mode.foreign:
-        names = [_name_in(fn, t) for t in mode.foreign]
+        names = [name_in(fn, t) for t in mode.foreign]
         raise TorchscanValueError(
             f"{_API}: strict=True, but fn uses tensors that are not among its arguments:"
             f"{_checks.bullets(names)}\n"
             "Pass them in non_sequences (fn then receives them last), or use strict=False."
         )
     return result
-
-
-def _name_in(fn: Callable, tensor: torch.Tensor) -> str:
-    """Where ``fn`` finds ``tensor``: a name in its closure or globals, an attribute of what
-    such a name holds (a module's parameters and buffers included), or of ``self`` for a bound
-    method or a module called as ``fn``."""
-    places = {}
-    if isinstance(fn, torch.nn.Module):
-        places["fn"] = fn
-    if getattr(fn, "__self__", None) is not None:
-        places["self"] = fn.__self__
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-            places[name] = cell.cell_contents
-        for name in code.co_names:
-            if name in fn.__globals__:
-                places.setdefault(name, fn.__globals__[name])
-    for name, value in places.items():
-        if value is tensor:
-            return f"{name} ({_checks.describe(tensor)})"
-        attributes = []
-        if isinstance(value, torch.nn.Module):
-            attributes = [*value.named_parameters(), *value.named_buffers()]
-        if hasattr(value, "__dict__") and not isinstance(value, type):
-            attributes += [(a, v) for a, v in vars(value).items() if isinstance(v, torch.Tensor)]
-        for attr, t in attributes:
-            if t is tensor:
-                return f"{name}.{attr} ({_checks.describe(tensor)})"
-    return f"a tensor {_checks.describe(tensor)}"

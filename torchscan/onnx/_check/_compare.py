@@ -96,7 +96,8 @@ def check(
     does not run a model (onnx's reference evaluator on an operator it does not implement, or
     on a loop that runs no step whose body does not declare the shapes of its scan outputs;
     onnxruntime where it has no kernel, its status NOT_IMPLEMENTED, and on 4-bit and 2-bit
-    types; either on a zero-length scan) is reported as not supported, which is not a failure; any other error of a runtime is.
+    types; either on a zero-length scan) is reported as not supported, which is not a failure;
+    any other error of a runtime is.
     So is a source that does not end within ``timeout`` seconds: it is stopped, and reported as
     ``"timeout"``. Where fewer than two independent sources gave outputs (onnxruntime's two
     levels are one runtime), nothing was held against anything: the verdict is
