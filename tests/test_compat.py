@@ -102,3 +102,11 @@ def test_private_module_strings_are_listed() -> None:
         importlib.import_module(name)
     assert {m.__name__ for m in (_compat.onnx_core(), _compat.onnx_registration())} <= listed
     assert _compat.onnx_program().__name__ in listed
+
+
+def test_vmap_s_refusal_of_control_flow_starts_with_the_text_torchscan_reads() -> None:
+    """torchscan tells a loop that stops with until under vmap by the start of this message,
+    which torch raises from C++."""
+    with pytest.raises(RuntimeError) as info:
+        torch.func.vmap(lambda x: torch.zeros(()) if bool(x.sum() > 0) else x)(torch.ones(2, 3))
+    assert str(info.value).startswith(_compat.VMAP_CONTROL_FLOW_ERROR)

@@ -248,6 +248,29 @@ def test_an_empty_container_of_sequences(xs, length: int) -> None:
     assert all(x == xs for x in seen[: length or 0])
 
 
+@pytest.mark.parametrize("item", [False, True], ids=["bool", "item"])
+def test_zero_length_with_python_control_flow_on_values_runs_as_the_loop(item: bool) -> None:
+    """A Python loop of length 0 never calls the step; scan learns the shapes of ys by calling
+    it once, on zeros where it reads values (fake tensors have none), without gradients and with
+    the random stream left as it was."""
+
+    def step(h, x):
+        noise = torch.randn(())  # draws a number: the caller's stream must not move
+        if (x.sum().item() == 0) if item else torch.all(x == 0):
+            return h, (h * 2).long()
+        return h + x + noise, (h + x).long()
+
+    init = torch.ones(3, requires_grad=True)
+    state = torch.get_rng_state()
+    carry, ys = torchscan.scan(step, init, torch.zeros(0, 3))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert carry is init
+    assert (ys.shape, ys.dtype) == ((0, 3), torch.int64)
+    i_carry, i_ys = torchscan.loop(lambda i, h: step(h, h), init, trip_count=0)
+    assert i_carry is init
+    assert (i_ys.shape, i_ys.dtype) == ((0, 3), torch.int64)
+
+
 def test_zero_length_uses_captured_tensors() -> None:
     _, ys = torchscan.scan(elman, randn(B, H), randn(B, 0, H), axis=1)
     assert ys.shape == (B, 0, H)

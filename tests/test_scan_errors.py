@@ -310,15 +310,26 @@ def test_inputs_on_different_devices() -> None:
         )
 
 
-def test_zero_length_fn_needs_data() -> None:
+def test_zero_length_fn_that_fails_on_zeros_names_the_line() -> None:
+    """A step that reads tensor values is called on zeros for its output shapes (fake tensors
+    have no values); where that call fails too, the refusal names the line that reads values."""
+
     def data_dependent(carry, x):
-        return (carry * 2 if x.sum().item() > 0 else carry), None
+        if bool(x.abs().sum() > 0):
+            return carry + x, x
+        return carry + torch.linalg.cholesky(torch.diag(x)).sum(0), x
 
     with pytest.raises(ValueError, match="xs has length 0, so the shapes of ys") as info:
         torchscan.scan(data_dependent, torch.ones(2), torch.ones(0, 2))
+    line = data_dependent.__code__.co_firstlineno + 1
     assert str(info.value).startswith(
-        "torchscan.scan: xs has length 0, so the shapes of ys are found by calling fn once on "
-        "fake tensors (no data), and that call failed with "
+        "torchscan.scan: xs has length 0, so the shapes of ys are found by calling fn once: it "
+        f"reads the value of a tensor at {__file__}:{line}, which fake tensors (no data) do not "
+        "have, and called on zeros it failed with "
+    )
+    assert str(info.value).endswith(
+        "Choose between values with torch.where(condition, a, b) instead of Python control flow "
+        "on a tensor."
     )
 
 

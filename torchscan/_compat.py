@@ -51,6 +51,8 @@ __all__ = [
     "ONNX_OPSET_WARNING",
     "ONNX_SIGNATURE_WARNING",
     "PRIVATE_API",
+    "UNFOUND_USER_CODE_WARNING",
+    "VMAP_CONTROL_FLOW_ERROR",
     "DispatchKey",
     "FakeTensor",
     "FakeTensorMode",
@@ -93,6 +95,20 @@ ONNX_OPSET_WARNING = (
 )
 """The logger and the start of torch.onnx's warning that a model asked below opset 18 may stay at
 opset 18, which torchscan's conversion makes untrue."""
+
+UNFOUND_USER_CODE_WARNING = (
+    "torch.fx.experimental.symbolic_shapes",
+    "Unable to find user code corresponding to",
+)
+"""The logger and the start of torch's warning that a size read from data has no user code to
+blame: what a step that reads tensor values says when it is called on fake tensors to learn its
+output shapes, which torchscan then learns another way."""
+
+VMAP_CONTROL_FLOW_ERROR = (
+    "vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow"
+)
+"""The start of the error torch.func.vmap raises for ``bool()`` of a batched tensor (C++ text,
+checked by tests/test_compat.py): what a loop that stops with ``until`` meets under vmap."""
 
 ONNX_SIGNATURE_WARNING = (
     "torch.onnx._internal.exporter._registration",
@@ -527,6 +543,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "logger",
         "silence the warning that a model below opset 18 may stay at 18",
         source_text=ONNX_OPSET_WARNING[1],
+    ),
+    PrivateSymbol(
+        UNFOUND_USER_CODE_WARNING[0],
+        "log",
+        "silence the warning of a step that reads tensor values, called on fake tensors",
+        source_text=UNFOUND_USER_CODE_WARNING[1],
     ),
     PrivateSymbol(
         ONNX_SIGNATURE_WARNING[0],

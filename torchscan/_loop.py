@@ -228,7 +228,7 @@ def _empty_ys(body: Callable, carry_type: _checks.CarryType, trip_count: Any) ->
         out = body(i, carry_type.init)  # traced for its shapes only: the compiler drops it
     else:
         out = _OUTPUTS.call_on_fake(
-            "no iteration runs", _traced.on_fake_tensors(body), i, carry_type.init
+            "no iteration runs", _traced.on_fake_tensors(body), i, carry_type.init, real=body
         )
     if trip_count is None and not _PROTOCOL.has_until(out):
         raise TorchscanValueError(_NEVER_ENDS)

@@ -6,9 +6,12 @@ a step is named in messages (``xs index 3``, ``iteration 3``).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Sequence
+import logging
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import torch
@@ -130,9 +133,12 @@ class Outputs:
             spec,
         )
 
-    def call_on_fake(self, why: str, fn: Callable, *args: Any) -> Any:
+    def call_on_fake(self, why: str, fn: Callable, *args: Any, real: Callable | None = None) -> Any:
         """Call ``fn(*args)`` on fake tensors (shapes and dtypes, no data) to learn what it
-        returns; ``why`` says in errors why it had to be called that way."""
+        returns; ``why`` says in errors why it had to be called that way. Where ``fn`` reads a
+        tensor's value in Python (``if torch.all(x == 0):``), which fake tensors have none of,
+        ``real`` (the step itself) is called on zeros instead, without gradients and with the
+        random number generators left as they were: its values are never used."""
         from torchscan import _compat
 
         # A shape environment lets values read from data stay symbolic, and torch.export's
@@ -141,7 +147,13 @@ class Outputs:
             allow_non_fake_inputs=True, shape_env=_compat.shape_env(), static_shapes=True
         )
         token = _probing.set(True)
-        with torch.no_grad(), fake_mode as mode, _compat.non_strict_torch_function_handler()():
+        reads_values: BaseException | None = None
+        with (
+            torch.no_grad(),
+            fake_mode as mode,
+            _compat.non_strict_torch_function_handler()(),
+            _dropping(_compat.UNFOUND_USER_CODE_WARNING),
+        ):
             fake_args = _pytree.tree_map(
                 lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args
             )
@@ -149,14 +161,76 @@ class Outputs:
                 return fn(*fake_args)
             except TorchscanError:
                 raise  # torchscan's own refusal says what is wrong, as it would eagerly
+            except _compat.GuardOnDataDependentSymNode as error:
+                if real is None:
+                    raise self._fake_call_failed(why, error) from error
+                reads_values = error
             except Exception as error:
-                raise TorchscanValueError(
-                    f"{self.api}: {why}, so the shapes of ys are found by calling "
-                    f"{self.fn_name} once on fake tensors (no data), and that call failed with "
-                    f"{type(error).__name__}: {error}"
-                ) from error
+                raise self._fake_call_failed(why, error) from error
             finally:
                 _probing.reset(token)
+        assert real is not None
+        return self._call_on_zeros(why, real, args, reads_values)
+
+    def _fake_call_failed(self, why: str, error: BaseException) -> TorchscanValueError:
+        return TorchscanValueError(
+            f"{self.api}: {why}, so the shapes of ys are found by calling {self.fn_name} once on "
+            f"fake tensors (no data), and that call failed with {type(error).__name__}: {error}"
+        )
+
+    def _call_on_zeros(
+        self, why: str, fn: Callable, args: tuple[Any, ...], reads_values: BaseException
+    ) -> Any:
+        """``fn`` on zeros shaped like ``args``: for a step that reads values of tensors."""
+        tensors = [t for t in _pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+        devices = sorted({t.device for t in tensors if t.device.type != "cpu"}, key=str)
+        with (
+            torch.no_grad(),
+            torch.random.fork_rng(devices=devices, device_type=_device_type(devices)),
+        ):
+            zeros = _pytree.tree_map(
+                lambda t: torch.zeros_like(t) if isinstance(t, torch.Tensor) else t, args
+            )
+            try:
+                return fn(*zeros)
+            except TorchscanError:
+                raise
+            except Exception as error:
+                where = _users_line(reads_values)
+                raise TorchscanValueError(
+                    f"{self.api}: {why}, so the shapes of ys are found by calling "
+                    f"{self.fn_name} once: it reads the value of a tensor{where}, which fake "
+                    f"tensors (no data) do not have, and called on zeros it failed with "
+                    f"{type(error).__name__}: {error}. Choose between values with "
+                    "torch.where(condition, a, b) instead of Python control flow on a tensor."
+                ) from error
+
+
+@contextlib.contextmanager
+def _dropping(warning: tuple[str, str]) -> Iterator[None]:
+    """Drop the log records of logger ``warning[0]`` that start with ``warning[1]``."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(warning[1])
+
+    logger = logging.getLogger(warning[0])
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
+def _device_type(devices: Sequence[torch.device]) -> str:
+    return devices[0].type if devices else "cuda"
+
+
+def _users_line(error: BaseException) -> str:
+    """`` at file:line``: the innermost frame of the user's code in ``error``'s traceback."""
+    from torchscan._source import is_users
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if is_users(f.filename)]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 _probing = contextvars.ContextVar("torchscan_probing_shapes", default=False)

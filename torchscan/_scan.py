@@ -418,7 +418,9 @@ def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: Any) -> Any:
         # Traced for its shapes only: the compiler drops the computation.
         out = fn(init, _pytree.tree_map(torch.zeros_like, fake_x))
     else:
-        out = _OUTPUTS.call_on_fake("xs has length 0", _traced.on_fake_tensors(fn), init, fake_x)
+        out = _OUTPUTS.call_on_fake(
+            "xs has length 0", _traced.on_fake_tensors(fn), init, fake_x, real=fn
+        )
     return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, plan.carry_type, axis), axis)
 
 

@@ -63,6 +63,22 @@ class Protocol:
             )
         return has_until
 
+    def stops(self, stop: Any, index: int) -> bool:
+        """Whether the flag ``stop`` that the step of ``index`` returned ends the loop."""
+        flag = self.check_stop(stop, index)
+        try:
+            return bool(flag)
+        except RuntimeError as error:
+            if not _compat_vmap_refusal(error):
+                raise
+            raise TorchscanValueError(
+                f"{self.api}: {self.fn_name} returned until(stop) under torch.func.vmap, where "
+                "each example would stop at its own step, and a vmapped function runs every "
+                "example through the same steps. Give the loop a bound (trip_count=, or scan "
+                "over the whole sequence) and keep a done flag in the carry instead: "
+                "done = done | stop; h = torch.where(done, h, new_h)."
+            ) from None
+
     def check_stop(self, stop: Any, index: int) -> torch.Tensor:
         if not (isinstance(stop, torch.Tensor) and stop.ndim == 0 and stop.dtype == torch.bool):
             raise TorchscanTypeError(
@@ -112,7 +128,7 @@ class Protocol:
         has_until = self.check_first(out, carry_type, axis, refuse_without_until)
         carry, y = out[0], out[1]
         ys = [y]
-        if has_until and self.check_stop(out[2].stop, 0):
+        if has_until and self.stops(out[2].stop, 0):
             return carry, ys
         append = ys.append
         # Later steps: the carry's versions and type at every step, in a loop specialised for
@@ -233,7 +249,7 @@ class Protocol:
         graph this way."""
         has_until = self.has_until(out)
         carry, ys = out[0], [out[1]]
-        if has_until and self.check_stop(out[2].stop, 0):
+        if has_until and self.stops(out[2].stop, 0):
             return carry, ys
         carry = self._run_any(call, iter(items), carry, carry_type, ys.append, has_until, False)
         carry_type.check(carry, f" in a later {self.step_name}")
@@ -341,7 +357,7 @@ class Protocol:
                     carry_type.check(new, f" in {self.step_name} {index}")
             carry = new
             append(y)
-            if has_until and self.check_stop(stop, index):
+            if has_until and self.stops(stop, index):
                 break
         if ran is not None:
             ran[0] = index
@@ -403,6 +419,13 @@ class Sources:
         return list(zip(_pytree.leaf_names(tree, "xs"), self.leaves, strict=True))
 
 
+def _compat_vmap_refusal(error: RuntimeError) -> bool:
+    """Whether ``error`` is torch.func.vmap's refusal of Python control flow on a tensor."""
+    from torchscan._compat import VMAP_CONTROL_FLOW_ERROR
+
+    return str(error).startswith(VMAP_CONTROL_FLOW_ERROR)
+
+
 def _item_allowed(allowed: Sequence[int], sources: Sources) -> list[int]:
     """The version bumps per step of each leaf of ``xs``: those allowed its slices."""
     count = len(sources.versions())
@@ -441,7 +464,10 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     if extent is None or extent == t.numel() or t.device.type != "cpu":
         return t.clone()
     spread = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return spread.copy_(t)
+    try:
+        return spread.copy_(t)
+    except RuntimeError:  # under torch.func.vmap: a copy of a batched tensor must be batched
+        return t.clone()
 
 
 def _extent(t: torch.Tensor) -> int | None:
