@@ -186,6 +186,123 @@ def test_scans_with_lengths_equal_torch_rnn_on_packed_sequences(
         torch.testing.assert_close(torch.stack(finals), state)
 
 
+PADDINGS = {
+    "nan": lambda shape: torch.full(shape, float("nan"), dtype=DTYPE),
+    "inf": lambda shape: torch.full(shape, float("inf"), dtype=DTYPE),
+    "garbage": lambda shape: (
+        torch.empty(shape, dtype=DTYPE).view(torch.int64).random_().view(DTYPE)
+    ),
+}
+"""What padding may hold: NaN, infinity, or whatever memory held (bit patterns of every kind,
+NaNs and huge values among them)."""
+
+
+@pytest.mark.parametrize("padding", list(PADDINGS))
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time-major", "batch-first"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["unidirectional", "bidirectional"])
+@pytest.mark.parametrize("kind", list(RNNS))
+def test_padding_reaches_neither_values_nor_gradients_as_in_packed_sequences(
+    kind: str, bidirectional: bool, batch_first: bool, padding: str
+) -> None:
+    """Values and the gradients of every weight, of the initial states and of the valid inputs
+    equal torch's RNN on a packed sequence, whatever the padding holds; padded inputs get zero
+    gradients."""
+    module_type, cell_type = RNNS[kind]
+    module = module_type(F, H, bidirectional=bidirectional, batch_first=batch_first, dtype=DTYPE)
+    n_steps, lengths = 6, torch.tensor([4, 1, 6, 0, 3])
+    batch, axis = len(lengths), 1 if batch_first else 0
+    valid = valid_positions(lengths, n_steps)
+    x = randn(n_steps, batch, F)
+    x[~valid] = PADDINGS[padding]((int((~valid).sum()), F))
+    x = x.transpose(0, 1).contiguous() if batch_first else x
+    directions = DIRECTIONS[: 2 if bidirectional else 1]
+    h0 = randn(len(directions), batch, H)
+
+    # torch's RNN on the packed valid positions; an example of length 0 keeps its state
+    nonempty = lengths > 0
+    x_torch = x.clone().requires_grad_()
+    h0_torch = h0.clone().requires_grad_()
+    state_in = (h0_torch, h0_torch * 0.5) if kind == "lstm" else h0_torch
+    taken = x_torch[nonempty] if batch_first else x_torch[:, nonempty]
+    packed = pack_padded_sequence(taken, lengths[nonempty], batch_first, enforce_sorted=False)
+    picked = tuple(s[:, nonempty] for s in state_in) if kind == "lstm" else state_in[:, nonempty]
+    packed_out, state = module(packed, picked)
+    some, _ = pad_packed_sequence(packed_out, batch_first=batch_first, total_length=n_steps)
+    width = H * len(directions)
+    out = torch.zeros(n_steps, batch, width, dtype=DTYPE).movedim(0, axis)  # ys of 0 for none
+    out = out.index_copy(1 - axis, nonempty.nonzero()[:, 0], some)
+    final = state[0] if kind == "lstm" else state
+    loss = out.pow(2).sum() + final.sum()
+    expected = torch.autograd.grad(loss, [x_torch, h0_torch, *module.parameters()])
+
+    x_scan = x.clone().requires_grad_()
+    h0_scan = h0.clone().requires_grad_()
+    cells = [cell_like(module, cell_type, suffix) for suffix, _ in directions]
+    outputs, finals = [], []
+    for d, ((_, reverse), cell) in enumerate(zip(directions, cells, strict=True)):
+        init = (h0_scan[d], h0_scan[d] * 0.5) if kind == "lstm" else h0_scan[d]
+        carry, ys = torchscan.scan(
+            step_of(cell), init, x_scan, axis=axis, reverse=reverse, lengths=lengths
+        )
+        outputs.append(ys)
+        finals.append(carry[0] if kind == "lstm" else carry)
+    ys = torch.cat(outputs, -1)
+    torch.testing.assert_close(ys, out)
+    torch.testing.assert_close(torch.stack(finals)[:, nonempty], final)
+    loss = ys.pow(2).sum() + torch.stack(finals)[:, nonempty].sum()
+    weights = [p for cell in cells for p in cell.parameters()]
+    actual = torch.autograd.grad(loss, [x_scan, h0_scan, *weights])
+    assert all(torch.isfinite(g).all() for g in actual)
+    grad_x, grad_h0, *grad_weights = actual
+    torch.testing.assert_close(grad_x, expected[0])
+    time_major = grad_x.movedim(axis, 0)
+    assert (time_major[~valid] == 0).all()
+    torch.testing.assert_close(grad_h0[:, nonempty], expected[1][:, nonempty])
+    by_name = dict(zip([n for n, _ in module.named_parameters()], expected[2:], strict=True))
+    for d, (suffix, _) in enumerate(directions):
+        for k, name in enumerate(("weight_ih", "weight_hh", "bias_ih", "bias_hh")):
+            torch.testing.assert_close(grad_weights[4 * d + k], by_name[f"{name}_l0{suffix}"])
+
+
+def test_an_element_with_two_axes_of_the_batch_size_gets_only_its_non_finite_padding_replaced():
+    """Where the examples could be along either of two axes of x (both of the batch's size),
+    only non-finite padding is replaced, along batch_axis: no finite value changes."""
+    lengths = torch.tensor([2, 3, 1])
+    xs = randn(3, 3, 3)  # (T, B, B): each x is (3, 3)
+    valid = valid_positions(lengths, 3)
+    xs[~valid] = float("nan")
+    weight = randn(3).requires_grad_()
+
+    def step(h, x):
+        h = torch.tanh(x @ weight + h)
+        return h, h
+
+    carry, ys = torchscan.scan(step, torch.zeros(3, dtype=DTYPE), xs, lengths=lengths)
+    expected = per_example_loop(step, torch.zeros(3, dtype=DTYPE), xs, lengths)
+    assert_trees_close((carry, ys), expected)
+    (grad,) = torch.autograd.grad(ys.sum() + carry.sum(), [weight])
+    assert torch.isfinite(grad).all()
+
+
+def test_a_sequence_shared_by_every_example_is_read_as_it_is() -> None:
+    """A leaf of xs with no axis of the batch's size (a time embedding) is no padded batch."""
+    lengths = torch.tensor([2, 4])
+    xs = {"x": randn(4, 2, 3), "t": torch.arange(4, dtype=DTYPE)}
+
+    def step(h, x):
+        return h + x["x"].sum(-1) * x["t"], h
+
+    carry, ys = torchscan.scan(step, torch.zeros(2, dtype=DTYPE), xs, lengths=lengths)
+    expected_ys = torch.zeros(4, 2, dtype=DTYPE)
+    for b in range(2):
+        h = torch.zeros((), dtype=DTYPE)
+        for t in range(int(lengths[b])):
+            expected_ys[t, b] = h
+            h = h + xs["x"][t, b].sum() * xs["t"][t]
+        torch.testing.assert_close(carry[b], h)
+    torch.testing.assert_close(ys, expected_ys)
+
+
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("kind", list(RNNS))
 def test_zero_lengths_equal_per_example_loop(kind: str, reverse: bool) -> None:

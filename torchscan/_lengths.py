@@ -72,6 +72,16 @@ class Masked:
                 None if leaf is None else leaf.narrow(a, 0, length)
                 for leaf, a in zip(xs_leaves, plan.axes, strict=True)
             ]
+        # The step runs at padded positions too (its results there are dropped): on a copy of
+        # the example's first element rather than on the padding, which may hold NaN, inf or
+        # garbage that would make NaN gradients (0 * NaN) where pack_padded_sequence gives none.
+        # An exported model computes no gradients, and its values are those of the valid
+        # positions whatever the padding holds: it reads the sizes of no sequence for this.
+        if not (torch.compiler.is_exporting() or _outputs.probing_shapes()):
+            xs_leaves = [
+                None if leaf is None else _unpadded(leaf, a, lengths, batch_axis)
+                for leaf, a in zip(xs_leaves, plan.axes, strict=True)
+            ]
         # Shaped to broadcast against a carry leaf as it is (B examples along batch_axis), so
         # that a step selects with it as it comes. Built with unsqueezes: a reshape exports as
         # a Reshape whose shape may hold 0, which opsets before 14 read otherwise.
@@ -100,6 +110,53 @@ class Masked:
             ],
             spec,
         )
+
+
+def _unpadded(
+    leaf: torch.Tensor, axis: int, lengths: torch.Tensor, batch_axis: int
+) -> torch.Tensor:
+    """``leaf`` (a sequence scanned along ``axis``) with the padded positions of every example
+    holding the example's first element (zeros for an example of length 0), so that the step,
+    which runs there too, computes on values it can take.
+
+    The examples of ``leaf`` are along the one axis of its elements of the batch's size; where
+    several are, along ``batch_axis`` if it is one of them, and then only non-finite values
+    (NaN, inf) are replaced: a wrong guess changes no finite value. A leaf with no such axis is
+    shared by every example and has no padding."""
+    batch, step_rank = lengths.shape[0], leaf.ndim - 1
+    element = [leaf.shape[_full_axis(d, axis)] for d in range(step_rank)]
+    candidates = [d for d, size in enumerate(element) if size == batch]
+    if not candidates or leaf.shape[axis] == 0:
+        return leaf
+    only_non_finite = len(candidates) > 1
+    if only_non_finite:
+        if not -step_rank <= batch_axis < step_rank or batch_axis % step_rank not in candidates:
+            return leaf
+        if not (leaf.is_floating_point() or leaf.is_complex()):
+            return leaf  # nothing that is not finite to replace
+        chosen = batch_axis % step_rank
+    else:
+        chosen = candidates[0]
+    full = _full_axis(chosen, axis)
+    positions = torch.arange(leaf.shape[axis], device=leaf.device)
+    keep = _along(positions, leaf.ndim, axis) < _along(lengths, leaf.ndim, full)
+    if only_non_finite:
+        keep = keep | torch.isfinite(leaf)
+    first = leaf.narrow(axis, 0, 1)
+    fill = torch.where(_along(lengths > 0, leaf.ndim, full), first, torch.zeros_like(first))
+    if only_non_finite:
+        fill = torch.nan_to_num(fill, nan=0.0, posinf=0.0, neginf=0.0)
+    return torch.where(keep, leaf, fill)
+
+
+def _full_axis(step_axis: int, scan_axis: int) -> int:
+    """The axis of a sequence that is axis ``step_axis`` of its elements."""
+    return step_axis if step_axis < scan_axis else step_axis + 1
+
+
+def _along(values: torch.Tensor, rank: int, axis: int) -> torch.Tensor:
+    """The 1-d ``values`` laid along ``axis`` of a tensor of rank ``rank``."""
+    return values[(*[None] * axis, slice(None), *[None] * (rank - axis - 1))]
 
 
 def _extend(y: torch.Tensor, axis: int, missing: int) -> torch.Tensor:
