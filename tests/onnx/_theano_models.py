@@ -169,7 +169,39 @@ def steps_input_inputs(t: int) -> tuple[torch.Tensor, ...]:
     return randn(t + 3, N), randn(N), torch.tensor(t if t % 2 == 0 else -t)
 
 
+class BackwardsOverSequences(torch.nn.Module):
+    """``go_backwards`` over two sequences of their own dynamic lengths, one read at two taps:
+    the steps are the last positions that every tap of every sequence can read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(randn(N, N) * 0.5)
+
+    def forward(self, a, b, h0):
+        def step(a_tm2, a_t, b_t, h):
+            return torch.tanh(h @ self.weight + a_t - 0.5 * a_tm2 + b_t)
+
+        out, _ = theano.scan(
+            step,
+            sequences=[{"input": a, "taps": [-2, 0]}, b],
+            outputs_info=[h0],
+            go_backwards=True,
+        )
+        return (out,)
+
+
+def two_lengths_inputs(t: int) -> tuple[torch.Tensor, ...]:
+    """``a`` long enough for ``t + 1`` steps at its taps, ``b`` for ``t``: ``t`` steps."""
+    return randn(t + 3, N), randn(t, N), randn(N)
+
+
 CASES: dict[str, Case] = {
+    "go-backwards-sequences-of-their-own-lengths": Case(
+        BackwardsOverSequences,
+        two_lengths_inputs,
+        lambda: ({0: Dim("A", min=4)}, {0: Dim("B", min=1)}, None),
+        run_lengths=(1, 2, 7),
+    ),
     "taps-rnn": Case(TapsRNN, rnn_inputs, lambda: ({0: Dim("T", min=5)}, None, None)),
     "a-to-the-k": Case(
         Power,

@@ -65,10 +65,16 @@ class _Sequence:
         counting from the first position every tap can read. Going backwards, the steps are the
         last ``n_steps`` positions, as Theano reverses the sequences before it cuts them."""
         start = self.steps_available() - n_steps if backwards else 0
-        return [
-            self.tensor[k + self.before + start : k + self.before + start + n_steps]
-            for k in self.taps
-        ]
+        # narrow, whose result has n_steps elements by construction: a slice's size is
+        # computed from its bounds, which torch.export cannot simplify to one size for every
+        # sequence where the lengths are sizes of the exported program (a guard it refuses).
+        # Its starts are never negative (n_steps is at most what is available), which
+        # torch.export cannot prove where n_steps is the least of several sizes: it is told.
+        starts = [k + self.before + start for k in self.taps]
+        for first in starts:
+            if isinstance(first, torch.SymInt):
+                torch._check(first >= 0)
+        return [self.tensor.narrow(0, first, n_steps) for first in starts]
 
 
 @dataclasses.dataclass(frozen=True)
