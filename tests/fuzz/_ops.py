@@ -8,8 +8,8 @@ reference evaluator may only differ by a torchscan bug:
   rounding stays within float32 tolerances and nothing overflows;
 - integers are clamped after products and sums, divided only by positive constants;
 - indices are constants in range, or the step number taken modulo the size of the axis;
-- no argmax (ties), no in-place writes on step inputs, and every value keeps its dtype and shape
-  from step to step.
+- no argmax (ties), no in-place writes on step inputs (shape-only changes of views, which change
+  no input, are drawn), and every value keeps its dtype and shape from step to step.
 """
 
 from __future__ import annotations
@@ -293,6 +293,14 @@ def cast(draw, scope: Scope) -> Result | None:
     return f"{a.name}.to(torch.{target})", target, a.shape
 
 
+def reshaped_in_place(draw, scope: Scope) -> Result | None:
+    """A view of a value with its shape changed in place and changed back (``q =
+    a.unsqueeze(0); q.squeeze_(0)``, as xLSTM's step squeezes the heads of its projection):
+    no argument of the step changes."""
+    a = _pick(draw, scope.pool)
+    return f"reshaped_in_place({a.name})", a.dtype, a.shape
+
+
 OPS: list[Callable] = [
     add,
     sub,
@@ -340,6 +348,7 @@ OPS: list[Callable] = [
     logical_not,
     remainder,
     floor_div,
+    reshaped_in_place,
 ]
 """The vocabulary; the first operators are those a shrunk program falls back to."""
 

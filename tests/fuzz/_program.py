@@ -110,15 +110,26 @@ class Nested:
         return [*self.call.definition(), f"{self.target} = {self.call.expr}"]
 
 
+def reshaped_in_place(value: torch.Tensor) -> torch.Tensor:
+    """A view of ``value`` whose shape is changed in place and back: what the fuzzed steps call
+    for shape-only in-place changes (the same function for torchscan and the oracle)."""
+    view = value.unsqueeze(0)
+    view.squeeze_(0)
+    return view
+
+
 @dataclasses.dataclass
 class Program:
-    """A model: its inputs and the one loop its ``forward`` returns the result of."""
+    """A model: its inputs and the one loop its ``forward`` returns the result of; with
+    ``sizes``, also a tensor made with the sizes of its outputs, which a model reads after a
+    loop (``ys.shape[0]``: the number of steps that ran)."""
 
     inputs: list[Input]
     call: Call
     seed: int = 0
     lengths: tuple[int, ...] = (3,)
     """The lengths ``T`` it runs at; the first is the one it is exported at."""
+    sizes: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -126,7 +137,15 @@ class Program:
 
     def source(self) -> str:
         args = ", ".join(["self", *(i.name for i in self.inputs)])
-        body = [*self.call.definition(), f"return {self.call.expr}"]
+        if self.sizes:
+            body = [
+                *self.call.definition(),
+                f"result = {self.call.expr}",
+                "ys = [t for t in tree_leaves(result[1]) if isinstance(t, torch.Tensor)]",
+                "return result, [torch.ones(t.shape[0], 2) * t.shape[0] + t.numel() for t in ys]",
+            ]
+        else:
+            body = [*self.call.definition(), f"return {self.call.expr}"]
         lines = [
             "class Program(torch.nn.Module):",
             f"    def forward({args}):",
@@ -143,13 +162,24 @@ class Program:
         )
         return f"# inputs: {shapes}; lengths {self.lengths}, seed {self.seed}\n{self.source()}\n"
 
+    def vmappable(self) -> bool:
+        """Whether vmap can run its Python loop: no step stops early (each example would stop
+        at its own step)."""
+        return "until(" not in self.source()
+
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         # hypothesis prints a failing example with this: the source, not the dataclass fields.
         printer.text(repr(self))
 
     def module(self, namespace: dict[str, Any]) -> torch.nn.Module:
         """The program compiled against ``namespace``'s ``scan``, ``loop`` and ``until``."""
-        scope = {"torch": torch, "F": torch.nn.functional, **namespace}
+        scope = {
+            "torch": torch,
+            "F": torch.nn.functional,
+            "tree_leaves": torch.utils._pytree.tree_leaves,
+            "reshaped_in_place": reshaped_in_place,
+            **namespace,
+        }
         exec(compile(self.source(), "<fuzzed program>", "exec"), scope)
         return scope["Program"]().eval()
 

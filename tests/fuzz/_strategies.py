@@ -304,4 +304,5 @@ def programs(draw) -> Program:
             )
     seed = draw(st.integers(0, 2**16))
     lengths = (3, *draw(st.permutations([0, 1, 5])))
-    return Program(inputs, call, seed, lengths)
+    sizes = draw(st.integers(0, 3)) == 0
+    return Program(inputs, call, seed, lengths, sizes)

@@ -4,9 +4,10 @@ An ``If`` whose branches give an output different shapes (``[?, 3]`` after a loo
 ``[0, 3]`` after none) is a trap: before opset 11 the specification wants one shape, and shape
 inference keeps one branch's for the output, which onnxruntime's graph optimizations then take as
 the truth (a ``Shape`` of it folds to a constant that is wrong for the other branch). So before
-opset 11 a size static in one branch must be the same static size in the other. From opset 11
-the output may take either shape, and the shape given to it must admit both: there only
-contradictions are reported, never a dimension unknown on either side.
+opset 11 the branches must not disagree: another rank, two static sizes that differ, or a static
+size against a named dimension (a size that varies from run to run) is reported; an unnamed
+unknown size is not. From opset 11 the output may take either shape, and the shape given to it
+must admit both: there only contradictions are reported, never a dimension unknown on either side.
 """
 
 from __future__ import annotations
@@ -55,12 +56,7 @@ def lint_if(node: ir.Node, path: str, opset: int, findings: list[Finding]) -> No
             return
         then_dims, else_dims = _dims(then_graph.outputs[k]), _dims(else_graph.outputs[k])
         name = output.name or f"#{k}"
-        if (
-            since < 11
-            and then_dims is not None
-            and else_dims is not None
-            and then_dims != else_dims
-        ):
+        if since < 11 and _disagree(then_graph.outputs[k], else_graph.outputs[k]):
             _report(
                 findings,
                 path,
@@ -89,6 +85,25 @@ def lint_if(node: ir.Node, path: str, opset: int, findings: list[Finding]) -> No
                     f"dimensions the branches disagree on unknown.",
                 )
                 break
+
+
+def _disagree(a: ir.Value, b: ir.Value) -> bool:
+    """Whether two branch outputs have shapes that cannot be the same on every run: another
+    rank, two static sizes that differ, or a static size against a named dimension (a size that
+    varies from run to run); an unnamed unknown size says nothing."""
+    if a.shape is None or b.shape is None:
+        return False
+    if a.shape.rank() != b.shape.rank():
+        return True
+    for x, y in zip(a.shape.dims, b.shape.dims, strict=True):
+        if isinstance(x, int) and isinstance(y, int):
+            if x != y:
+                return True
+        elif isinstance(x, int) or isinstance(y, int):
+            symbolic = y if isinstance(x, int) else x
+            if getattr(symbolic, "value", None):
+                return True
+    return False
 
 
 def _compatible(a: Dims, b: Dims) -> bool:
