@@ -373,3 +373,19 @@ def test_until_at_every_step_or_none() -> None:
         "returned no until in a later step.",
     ):
         torchscan.scan(fn, None, torch.arange(3.0))
+
+
+def test_a_failure_to_make_fake_tensors_leaves_no_probe_behind(monkeypatch) -> None:
+    """The probe of a zero-length scan's output shapes ends where making its fake tensors fails:
+    later scans run as eagerly (a probe left on would, among others, let padding reach the
+    step of a scan with lengths)."""
+    from torchscan import _compat, _outputs
+
+    def refuse(self, tensor, *args, **kwargs):
+        raise RuntimeError("no fake tensor of that")
+
+    monkeypatch.setattr(_compat.FakeTensorMode, "from_tensor", refuse)
+    # The step runs on zeros instead, for the shapes of ys.
+    carry, ys = torchscan.scan(lambda c, x: (c + 1, c > x), torch.ones(2), torch.ones(0, 2))
+    assert (ys.shape, ys.dtype) == ((0, 2), torch.bool)
+    assert not _outputs.probing_shapes()

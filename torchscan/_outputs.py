@@ -148,28 +148,30 @@ class Outputs:
         )
         token = _probing.set(True)
         reads_values: BaseException | None = None
-        with (
-            torch.no_grad(),
-            fake_mode as mode,
-            _compat.non_strict_torch_function_handler()(),
-            _dropping(_compat.UNFOUND_USER_CODE_WARNING),
-        ):
-            fake_args = _pytree.tree_map(
-                lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, args
-            )
-            try:
+        try:
+            with (
+                torch.no_grad(),
+                fake_mode as mode,
+                _compat.non_strict_torch_function_handler()(),
+                _dropping(_compat.UNFOUND_USER_CODE_WARNING),
+            ):
+                fake_args = _pytree.tree_map(
+                    lambda t: mode.from_tensor(t.detach()) if isinstance(t, torch.Tensor) else t,
+                    args,
+                )
                 return fn(*fake_args)
-            except TorchscanError:
-                raise  # torchscan's own refusal says what is wrong, as it would eagerly
-            except _compat.GuardOnDataDependentSymNode as error:
-                if real is None:
-                    raise self._fake_call_failed(why, error) from error
-                reads_values = error
-            except Exception as error:
+        except TorchscanError:
+            raise  # torchscan's own refusal says what is wrong, as it would eagerly
+        except Exception as error:
+            # A step that reads values, or that fake tensors cannot run (one under
+            # torch.func.vmap with a loop of its own): called on zeros instead.
+            if real is None:
                 raise self._fake_call_failed(why, error) from error
-            finally:
-                _probing.reset(token)
+            reads_values = error
+        finally:
+            _probing.reset(token)  # also where the fake tensors could not be made
         assert real is not None
+        assert reads_values is not None
         return self._call_on_zeros(why, real, args, reads_values)
 
     def _fake_call_failed(self, why: str, error: BaseException) -> TorchscanValueError:
@@ -196,6 +198,10 @@ class Outputs:
             except TorchscanError:
                 raise
             except Exception as error:
+                from torchscan import _compat
+
+                if not isinstance(reads_values, _compat.GuardOnDataDependentSymNode):
+                    raise self._fake_call_failed(why, reads_values) from reads_values
                 where = _users_line(reads_values)
                 raise TorchscanValueError(
                     f"{self.api}: {why}, so the shapes of ys are found by calling "

@@ -195,3 +195,59 @@ def check(program: Program, opset: int) -> None:
         return
     RUNS["exported"] += 1
     check_runtimes(program, model, opset)
+
+
+def check_vmap(program: Program) -> None:
+    """``torch.func.vmap`` of the program run by torchscan against vmap of the oracle, over a
+    batch of two draws of its data inputs (counts and flags shared), at every length where the
+    oracle runs under vmap."""
+    eager, oracle = program.module(TORCHSCAN), program.module(_oracle.NAMESPACE)
+    in_dims = tuple(0 if i.role == "data" else None for i in program.inputs)
+    if all(d is None for d in in_dims):
+        SKIPS["vmap: no data input to batch"] += 1
+        return
+    for length in program.lengths if program.dynamic else program.lengths[:1]:
+        first, second = program.inputs_at(length), _other_draw(program, length)
+        batched = [
+            torch.stack([a, b]) if d == 0 else a
+            for a, b, d in zip(first, second, in_dims, strict=True)
+        ]
+        if any(  # the oracle's outputs of no step, whose shapes it cannot tell under vmap
+            isinstance(leaf, _oracle.EmptyYs)
+            for leaf in pytree.tree_leaves(_no_grad(oracle, first))
+        ):
+            SKIPS["vmap of the oracle: no step ran"] += 1
+            continue
+        try:
+            with torch.no_grad():
+                expected = torch.func.vmap(_tensors_of(oracle), in_dims=in_dims)(*batched)
+        except Exception as error:  # the oracle's loop is no vmappable code everywhere
+            SKIPS[f"vmap of the oracle: {kind_of(error)}"] += 1
+            continue
+        try:
+            with torch.no_grad():
+                actual = torch.func.vmap(_tensors_of(eager), in_dims=in_dims)(*batched)
+        except torchscan.TorchscanError as error:
+            REFUSALS[f"vmap: {kind_of(error)}"] += 1
+            return
+        assert_same(actual, expected, f"vmap of eager vs of the oracle at length {length}")
+    RUNS["vmapped"] += 1
+
+
+def _other_draw(program: Program, length: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(program.seed * 1000 + length + 7919)
+    return tuple(i.make(length, gen) for i in program.inputs)
+
+
+def _no_grad(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Any:
+    with torch.no_grad():
+        return module(*inputs)
+
+
+def _tensors_of(module: torch.nn.Module):
+    """``module`` returning the tensors of its outputs (vmap returns no ``None``)."""
+
+    def run(*inputs: torch.Tensor) -> list[torch.Tensor]:
+        return [t for t in pytree.tree_leaves(module(*inputs)) if isinstance(t, torch.Tensor)]
+
+    return run

@@ -11,8 +11,10 @@ from __future__ import annotations
 import hypothesis
 import hypothesis.strategies as st
 
-from ._check import RUNS, check, check_eager
+from ._check import RUNS, check, check_eager, check_vmap
+from ._padded import check_padded, padded_problems
 from ._strategies import programs
+from ._theano import check_theano, theano_problems
 
 
 def test_eager_matches_the_python_loop(fuzz_settings) -> None:
@@ -30,5 +32,35 @@ def test_export_matches_eager(fuzz_settings) -> None:
     @hypothesis.given(program=programs(), opset=st.integers(8, 25))
     def run(program, opset) -> None:
         check(program, opset)
+
+    run()
+
+
+def test_vmap_matches_vmap_of_the_python_loop(fuzz_settings) -> None:
+    @fuzz_settings("vmap")
+    @hypothesis.given(program=programs())
+    def run(program) -> None:
+        hypothesis.assume(program.vmappable())  # vmap refuses the loop's break as torchscan does
+        check_vmap(program)
+
+    run()
+
+
+def test_padded_batches_match_the_per_example_loop(fuzz_settings) -> None:
+    @fuzz_settings("padded")
+    @hypothesis.given(problem=padded_problems())
+    def run(problem) -> None:
+        RUNS["padded"] += 1
+        check_padded(problem)
+
+    run()
+
+
+def test_theano_scan_exports_as_the_guide_runs_it(fuzz_settings) -> None:
+    @fuzz_settings("theano")
+    @hypothesis.given(problem=theano_problems())
+    def run(problem) -> None:
+        RUNS["theano exported"] += 1
+        check_theano(problem)
 
     run()
