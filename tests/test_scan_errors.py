@@ -387,5 +387,6 @@ def test_a_failure_to_make_fake_tensors_leaves_no_probe_behind(monkeypatch) -> N
     monkeypatch.setattr(_compat.FakeTensorMode, "from_tensor", refuse)
     # The step runs on zeros instead, for the shapes of ys.
     carry, ys = torchscan.scan(lambda c, x: (c + 1, c > x), torch.ones(2), torch.ones(0, 2))
+    assert torch.equal(carry, torch.ones(2))
     assert (ys.shape, ys.dtype) == ((0, 2), torch.bool)
     assert not _outputs.probing_shapes()

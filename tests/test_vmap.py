@@ -169,3 +169,19 @@ def test_vmap_of_a_loop_that_stops_with_until_is_refused() -> None:
         "steps. Give the loop a bound (trip_count=, or scan over the whole sequence) and keep a "
         "done flag in the carry instead: done = done | stop; h = torch.where(done, h, new_h)."
     )
+
+
+def test_vmap_of_a_scan_of_no_step_whose_step_runs_a_loop() -> None:
+    """The shapes of ys of no step come from a call of the step, which fake tensors cannot run
+    under vmap where the step has a loop of its own: it runs on zeros."""
+
+    def step(c, x):
+        inner, _ = torchscan.scan(lambda a, b: (a + b, None), c, x.unsqueeze(0))
+        return inner, inner * 2
+
+    def scan(init, xs):
+        return torchscan.scan(step, init, xs)
+
+    carry, ys = torch.func.vmap(scan)(torch.ones(B, H), torch.ones(B, 0, H))
+    torch.testing.assert_close(carry, torch.ones(B, H))
+    assert ys.shape == (B, 0, H)

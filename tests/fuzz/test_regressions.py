@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torchscan
+from torchscan.onnx._check._lint import lint
 
 from .._export import onnx_export
 from ..onnx._runtimes import run_onnxruntime, run_reference
@@ -106,3 +107,45 @@ def test_gather_with_a_smaller_index_runs_in_the_reference_evaluator() -> None:
     for actual in (run_reference(model, [w, xs]), *run_onnxruntime(model, [w, xs]).values()):
         for a, e in zip(actual, expected, strict=True):
             np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-7)
+
+
+class _GuardedScanThenSizes(torch.nn.Module):
+    """A scan that may run no step, over three sequences of which it reads one, and sizes read
+    from its output afterwards: the guard's branches named values in a count of their own,
+    which met a name of the outer graph (onnxruntime: "Graph must be in single static
+    assignment (SSA) form, however 'val_18' has been used as output names multiple times")."""
+
+    def forward(self, s1, s2, s3):
+        def step(carry, x):
+            first, _, third = x
+            unused = third * 0.5 - 0.25  # noqa: F841  (what the fuzzer drew)
+            return None, torch.stack([first, first])
+
+        _, ys = torchscan.scan(step, None, (s1, s2, s3))
+        return ys, torch.ones(ys.shape[0], 2) * ys.shape[0] + ys.numel()
+
+
+@pytest.mark.parametrize("opset", [10, 12, 18])
+def test_names_in_the_branches_of_a_guarded_scan_are_unique(opset: int) -> None:
+    module = _GuardedScanThenSizes().eval()
+    time = torch.export.Dim("T", min=0)
+
+    def inputs(t: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(t)
+        return (
+            torch.randint(-5, 6, (t,), generator=gen),
+            torch.rand(t, generator=gen) > 0.5,
+            torch.randn(t, generator=gen),
+        )
+
+    model = onnx_export(
+        module, inputs(3), dynamo=True, opset_version=opset, dynamic_shapes=({0: time},) * 3
+    ).model_proto
+    findings = lint(model).findings
+    assert not findings, findings
+    for t in (1, 3, 5):
+        with torch.no_grad():
+            expected = [v.numpy() for v in module(*inputs(t))]
+        for actual in run_onnxruntime(model, inputs(t)).values():
+            for a, e in zip(actual, expected, strict=True):
+                np.testing.assert_array_equal(a, e)

@@ -378,9 +378,7 @@ CASES: dict[str, Case] = {
         lambda t: (randn(B, t, F), randn(B, H)),
         dynamic_time(1, axis=1),
     ),
-    "reverse": Case(
-        lambda: Elman(reverse=True), time_major((F,)), dynamic_time(1)
-    ),
+    "reverse": Case(lambda: Elman(reverse=True), time_major((F,)), dynamic_time(1)),
     "axis-1-reverse": Case(
         lambda: Elman(axis=-1, reverse=True),
         lambda t: (randn(B, F, t), randn(B, H)),
@@ -413,9 +411,7 @@ CASES: dict[str, Case] = {
         dynamic_time(1, axis=1),
         ops={"Loop": 1},
     ),
-    "two-scans": Case(
-        TwoScans, time_major((1,)), dynamic_time(1), ops={"Scan": 2}
-    ),
+    "two-scans": Case(TwoScans, time_major((1,)), dynamic_time(1), ops={"Scan": 2}),
     "invariant-outputs": Case(InvariantOutputs, time_major((F,)), dynamic_time(1)),
     "integer-masks": Case(IntegerMasks, time_major((F,)), dynamic_time(1)),
     "views-reshaped-in-place": Case(ViewsReshapedInPlace, time_major((F,)), dynamic_time(1)),

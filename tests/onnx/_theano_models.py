@@ -212,9 +212,7 @@ CASES: dict[str, Case] = {
         reference_lengths=(2, 5),
     ),
     "powers-of-two-until": Case(PowersOfTwo, bounds, lambda: None, {"Loop": 1}, run_lengths=(1, 6)),
-    "go-backwards": Case(
-        Backwards, backwards_inputs, lambda: ({0: Dim("T", min=1)}, None)
-    ),
+    "go-backwards": Case(Backwards, backwards_inputs, lambda: ({0: Dim("T", min=1)}, None)),
     "polynomial": Case(
         Polynomial, polynomial_inputs, lambda: ({0: Dim("T", min=1)}, None), run_lengths=(1, 3, 7)
     ),

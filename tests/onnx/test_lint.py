@@ -349,7 +349,10 @@ def if_model(
     ``then_shape``) and zeros of ``else_shape``, the If's output declared ``out_shape``."""
     zeros = oh.make_tensor("zeros", FLOAT, else_shape, [0.0] * _size(else_shape))
     then_branch = oh.make_graph(
-        [oh.make_node("Identity", ["x"], ["from_x"])], "then", [], [info("from_x", FLOAT, then_shape)]
+        [oh.make_node("Identity", ["x"], ["from_x"])],
+        "then",
+        [],
+        [info("from_x", FLOAT, then_shape)],
     )
     else_branch = oh.make_graph(
         [oh.make_node("Constant", [], ["zero"], value=zeros)],
@@ -812,3 +815,11 @@ def test_any_failure_of_onnx_ir_to_read_a_model_is_a_value_error(monkeypatch) ->
         "<ModelProto>: onnx_ir cannot read the model to lint it: a bytes-like object is required, "
         "not 'str'"
     )
+
+
+def test_an_if_branch_size_that_shape_inference_names_is_no_finding() -> None:
+    """ONNX shape inference names the sizes it does not know ``unk__N``: such a name says
+    nothing of the size, so against a static size it is no contradiction."""
+    assert findings(if_model(9, then_shape=("unk__0", 3), else_shape=(2, 3))) == ()
+    (finding,) = findings(if_model(9, then_shape=("T", 3), else_shape=(2, 3)))
+    assert finding.rule == "if-branch-shapes"

@@ -169,7 +169,13 @@ class _EmptyGuard:
             attributes=[
                 ir.AttrGraph("then_branch", _branch(f"{tag}_xs_then", then_nodes)),
                 ir.AttrGraph(
-                    "else_branch", ir.Graph([], stand_ins, nodes=else_nodes, name=f"{tag}_xs_else")
+                    "else_branch",
+                    ir.Graph(
+                        [],
+                        stand_ins,
+                        nodes=_named(else_nodes, f"{tag}_xs_else"),
+                        name=f"{tag}_xs_else",
+                    ),
                 ),
             ],
             num_outputs=len(xs),
@@ -219,7 +225,12 @@ class _EmptyGuard:
                 ir.AttrGraph("then_branch", _branch(f"{self._tag}_out_then", then_nodes)),
                 ir.AttrGraph(
                     "else_branch",
-                    ir.Graph([], else_outputs, nodes=else_nodes, name=f"{self._tag}_out_else"),
+                    ir.Graph(
+                        [],
+                        else_outputs,
+                        nodes=_named(else_nodes, f"{self._tag}_out_else"),
+                        name=f"{self._tag}_out_else",
+                    ),
                 ),
             ],
             num_outputs=len(results),
@@ -239,7 +250,19 @@ class _EmptyGuard:
 
 
 def _branch(name: str, nodes: Sequence[ir.Node]) -> ir.Graph:
+    nodes = _named(nodes, name)
     return ir.Graph([], [n.outputs[0] for n in nodes], nodes=nodes, name=name)
+
+
+def _named(nodes: Sequence[ir.Node], prefix: str) -> Sequence[ir.Node]:
+    """``nodes``, their outputs named ``{prefix}_{k}`` (the body's name is unique in the model):
+    ONNX wants every value name unique across a graph and its subgraphs, and values left
+    unnamed here would be named later in a count of the subgraph's own, which can meet a name
+    of the outer graph."""
+    for k, value in enumerate(value for node in nodes for value in node.outputs):
+        if not value.name:
+            value.name = f"{prefix}_{k}"
+    return nodes
 
 
 def _with_dim(shape: ir.Shape | None, axis: int, dim) -> ir.Shape | None:

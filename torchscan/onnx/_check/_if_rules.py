@@ -101,9 +101,15 @@ def _disagree(a: ir.Value, b: ir.Value) -> bool:
                 return True
         elif isinstance(x, int) or isinstance(y, int):
             symbolic = y if isinstance(x, int) else x
-            if getattr(symbolic, "value", None):
+            name = getattr(symbolic, "value", None)
+            if name and not name.startswith(INFERRED_NAME):
                 return True
     return False
+
+
+INFERRED_NAME = "unk__"
+"""How ONNX shape inference names a dimension it does not know (``unk__0``): a name that says
+nothing of the size, unlike one the model gives (``T``, ``s0``)."""
 
 
 def _compatible(a: Dims, b: Dims) -> bool:
