@@ -202,14 +202,26 @@ def test_y_changes_between_iterations() -> None:
 
 
 def test_no_iteration_and_a_body_that_needs_data() -> None:
+    """A body that reads a tensor's value runs on zeros for the shapes of ys, which fake tensors
+    cannot give it; where it fails on zeros too, the refusal names the line that reads."""
+
     def body(i, c):
-        return c * int(i.item()), None
+        return c * int(i.item()), c.unsqueeze(0)
+
+    carry, ys = torchscan.loop(body, torch.zeros(()), trip_count=0)
+    assert (carry.item(), ys.shape) == (0.0, (0, 1))
+
+    def needs_a_positive_count(i, c):
+        n = int(c.item())
+        return c + 1, torch.ones(n).reshape(n, 1).inverse()
 
     with pytest.raises(
         ValueError, match="no iteration runs, so the shapes of ys are found"
     ) as info:
-        torchscan.loop(body, torch.zeros(()), trip_count=0)
+        torchscan.loop(needs_a_positive_count, torch.zeros(()), trip_count=0)
+    line = needs_a_positive_count.__code__.co_firstlineno + 1
     assert str(info.value).startswith(
-        "torchscan.loop: no iteration runs, so the shapes of ys are found by calling body once "
-        "on fake tensors (no data), and that call failed with "
+        "torchscan.loop: no iteration runs, so the shapes of ys are found by calling body once: "
+        f"it reads the value of a tensor at {__file__}:{line}, which fake tensors (no data) do "
+        "not have, and called on zeros it failed with "
     )

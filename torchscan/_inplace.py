@@ -75,6 +75,10 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_dynamo_compiling():
+            # TorchDynamo traces torch.cond's branches through this mode: nothing to record
+            # there, and versions it cannot read
+            return func(*args, **kwargs)
         before = [version(t) for _, t in self.named]
         out = func(*args, **kwargs)
         name = getattr(func, "__name__", str(func))

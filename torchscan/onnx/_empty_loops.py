@@ -108,6 +108,9 @@ def _reshaped(
             source, axis = dims[dim.value]
             parts.append(add("Gather", [add("Shape", [source]), constant([axis])], axis=0))
     shape = add("Concat", parts, axis=0)
+    # The Loop's output has the per-iteration sizes only when it iterated (onnxruntime gives
+    # (0, 0, H) after none): it states none, so that no optimizer takes this Reshape for a no-op.
+    y.shape = ir.Shape([None] * (1 + len(step_shape.dims)))
     reshape = ir.node("Reshape", [y, shape], version=version)
     result = reshape.outputs[0]
     result.name = names.fresh(f"{y.name}_shaped")

@@ -84,6 +84,21 @@ def gather_elements() -> type:
 
 
 @functools.cache
+def scatter() -> type:
+    """``Scatter``, which onnx's reference evaluator does not implement: the operator of opsets 9
+    and 10 that opset 11 renamed ``ScatterElements`` ("This operator is deprecated. Please use
+    ScatterElements, which provides the same functionality"), without its ``reduction``. What
+    ``torch.Tensor.scatter`` and writes at the step number export to below opset 11."""
+    from onnx.reference.ops.op_scatter_elements import ScatterElements
+
+    class Scatter(ScatterElements):
+        def _run(self, data, indices, updates, axis=None):
+            return super()._run(data, indices, updates, axis=0 if axis is None else int(axis))
+
+    return Scatter
+
+
+@functools.cache
 def spec_loop() -> type:
     """onnx.reference's ``Loop`` with two departures from the specification undone.
 

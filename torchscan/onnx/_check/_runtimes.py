@@ -32,6 +32,7 @@ from torchscan.onnx._check._ort import run_onnxruntime
 from torchscan.onnx._check._reference_ops import (
     gather_elements,
     log_sum_exp,
+    scatter,
     spec_loop,
     spec_scan,
 )
@@ -72,9 +73,9 @@ def _run_reference(
 def reference_ops() -> list[type]:
     """The operators ``check`` gives onnx's reference evaluator in place of its own, which depart
     from the specification in onnx 1.23: ``Loop``, ``Scan`` (every axis, direction and version,
-    Scan-8 included), ``ReduceLogSumExp`` and ``GatherElements``
-    (:mod:`torchscan.onnx._check._reference_ops`). Bodies get them too."""
-    return [spec_loop(), spec_scan(), log_sum_exp(), gather_elements()]
+    Scan-8 included), ``ReduceLogSumExp`` and ``GatherElements``, and ``Scatter``, which it
+    lacks (:mod:`torchscan.onnx._check._reference_ops`). Bodies get them too."""
+    return [spec_loop(), spec_scan(), log_sum_exp(), gather_elements(), scatter()]
 
 
 # onnxruntime ------------------------------------------------------------------------------------
