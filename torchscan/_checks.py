@@ -8,7 +8,6 @@ one is known. None of these checks touches tensor data: they read shapes, dtypes
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -20,18 +19,6 @@ from torchscan import _pytree
 from torchscan._compat import run_untraced_by_dynamo
 from torchscan._errors import ExportError, TorchscanTypeError, TorchscanValueError
 from torchscan._until import Until
-
-
-@dataclasses.dataclass(frozen=True)
-class ScanPlan:
-    """What the arguments of a scan say about the loop, checked once before it runs: the carry's
-    type, the leaves of ``xs`` with their structure and scan axes, and the number of steps."""
-
-    carry_type: CarryType
-    xs_leaves: list[torch.Tensor | None]
-    xs_spec: _pytree.TreeSpec
-    axes: list[int | None]
-    length: Any
 
 
 def describe(value: Any) -> str:

@@ -19,15 +19,110 @@ has no side effects that a loop operator could keep).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from torchscan import _compat, _pytree
+from torchscan import _compat, _eager, _pytree
+from torchscan._eager import device_of
+from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._steps import Protocol
 
-__all__ = ["device_of", "first_step", "loop_operators_apply", "run_loop", "run_scan"]
+__all__ = ["first_step", "loop", "loop_operators_apply", "scan"]
+
+
+def scan(plan: ScanPlan) -> tuple[Any, Any]:
+    """``scan`` under ``torch.compile``: the first step traced as it is, the others as one loop
+    operator (the plan reads every sequence one way and stacks every output on one axis)."""
+    direction = plan.direction
+    assert direction is not None
+    reverse, realign = direction
+    n, axis, protocol = plan.length, plan.out.axis, plan.protocol
+    xs = [
+        None if leaf is None else leaf.movedim(a, 0)
+        for leaf, a in zip(plan.xs_leaves, plan.in_axes, strict=True)
+    ]
+
+    def take(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            position = n - 1 - t if reverse else t
+            leaves = [None if x is None else x.index_select(0, position.reshape(1))[0] for x in xs]
+        else:
+            leaves = [None if x is None else x.select(0, t) for x in xs]
+        return _pytree.tree_unflatten(leaves, plan.xs_spec)
+
+    out, broke = first_step(plan.fn, plan.carry.init, take(n - 1 if reverse else 0))
+    has_until = protocol.check_first(out, plan.carry, plan.out)
+    if broke or not loop_operators_apply(out, has_until):
+        # fn breaks the graph, or torch cannot train the loop operator: the other steps run as
+        # eagerly (TorchDynamo unrolls them where it can trace them)
+        steps = _eager.slices(plan)
+        later = list(reversed(steps))[1:] if reverse else steps[1:]
+        carry, ys = protocol.run_after_first(plan.fn, later, plan.carry, out)
+        return carry, protocol.outputs.stack(ys, plan.out)
+    init = plan.carry.init
+    if has_until:
+        device = device_of([*plan.carry.leaves, *plan.xs_leaves])
+        return run_loop(
+            plan.fn,
+            protocol,
+            init,
+            out,
+            take,
+            n,
+            reverse=reverse and realign,
+            axis=axis,
+            device=device,
+        )
+    return run_scan(
+        plan.fn,
+        protocol,
+        init,
+        out,
+        xs,
+        plan.xs_spec,
+        n,
+        reverse=reverse,
+        realign=realign,
+        axis=axis,
+    )
+
+
+def loop(plan: LoopPlan) -> tuple[Any, Any]:
+    """``loop`` under ``torch.compile``, with an int (or symbolic) ``trip_count`` or none: the
+    first iteration traced as it is, the others as one loop operator."""
+    trips, protocol, body = plan.trip_count, plan.protocol, plan.body
+    device = device_of(plan.carry.leaves)
+    first = torch.zeros((), dtype=torch.int64, device=device)
+
+    def call(carry: Any, i: torch.Tensor) -> Any:
+        return body(i, carry)
+
+    out, broke = first_step(call, plan.carry.init, first)
+    has_until = protocol.check_first(out, plan.carry, plan.out, plan.never_ends or None)
+    y_tensors = any(leaf is not None for leaf in _pytree.tree_leaves(out[1]))
+    if (
+        broke
+        or not loop_operators_apply(out, has_until)
+        or (has_until and trips is None and y_tensors)
+    ):
+        # a graph break, a loop operator torch cannot train, or outputs to stack with no bound
+        # on their number: the other iterations run as eagerly
+        counter = itertools.islice(_eager.counter(trips, device), 1, None)
+        carry, ys = protocol.run_after_first(call, counter, plan.carry, out)
+        return carry, protocol.outputs.stack(ys, plan.out)
+    init = plan.carry.init
+    if has_until:
+        return run_loop(
+            call, protocol, init, out, lambda i: i, trips, reverse=False, axis=0, device=device
+        )
+    counter = torch.arange(trips, device=device)
+    spec = _pytree.tree_structure(first)
+    return run_scan(
+        call, protocol, init, out, [counter], spec, trips, reverse=False, realign=True, axis=0
+    )
 
 
 def first_step(fn: Callable[[Any, Any], Any], carry: Any, item: Any) -> tuple[Any, bool]:
@@ -85,11 +180,6 @@ class _Flat:
         return _pytree.tree_unflatten(
             [next(it) if present else None for present in self.present], self.spec
         )
-
-
-def device_of(candidates: Sequence[Any]) -> torch.device:
-    """The device of the first tensor among ``candidates`` (the CPU if none is)."""
-    return next((t.device for t in candidates if isinstance(t, torch.Tensor)), torch.device("cpu"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +242,7 @@ def run_scan(
     xs: Sequence[torch.Tensor | None],
     xs_spec: _pytree.TreeSpec,
     length: Any,
+    *,
     reverse: bool,
     realign: bool,
     axis: int,
@@ -203,6 +294,7 @@ def run_loop(
     out0: Any,
     take: Callable[[torch.Tensor], Any],
     length: Any,
+    *,
     reverse: bool,
     axis: int,
     device: torch.device,

@@ -10,6 +10,7 @@ masks inside its body) and compiled alike.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from torchscan import _checks, _outputs, _pytree
 from torchscan._compat import FakeTensor
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
-from torchscan._layout import Directions, OutLayout
+from torchscan._plan import ScanPlan
 
 
 def refuse_packed(api: str, xs: Any) -> None:
@@ -34,82 +35,77 @@ def refuse_packed(api: str, xs: Any) -> None:
         )
 
 
-class Masked:
-    """The scan ``fn`` over ``xs`` with ``lengths``, as a scan without them: ``fn`` wrapped to
-    mask its results, ``xs`` with the validity mask as one more sequence, and their plan."""
-
-    def __init__(
-        self,
-        api: str,
-        fn: Callable,
-        plan: _checks.ScanPlan,
-        xs: Any,
-        lengths: Any,
-        batch_axis: Any,
-        directions: Directions,
-        layout: OutLayout,
-    ) -> None:
-        reverse = directions.uniform
-        if reverse is None:
-            raise TorchscanValueError(
-                f"{api}: with lengths, every sequence and output must have the same direction "
-                "(each example runs its own first lengths[b] steps, or its last ones read "
-                "backwards), but in_reverse and out_reverse give them different ones. Run each "
-                "direction as its own scan (reverse=False and reverse=True), as a bidirectional "
-                "RNN over padded sequences does."
-            )
-        batch_axis = _checks.check_int(api, "batch_axis", batch_axis)
-        lengths, longest = _check_lengths(api, lengths, plan)
-        batch = lengths.shape[0]
-        _check_batch(api, "init", plan.carry_type.init, batch, batch_axis, "carry")
-        self.layout, self.padded_length = layout, plan.length
-        # Eagerly, positions past the longest example are padding for every example, in
-        # either direction: they are not run, and their ys are zeros.
-        length = plan.length if longest is None else longest
-        xs_leaves = plan.xs_leaves
-        if length != plan.length:
-            xs_leaves = [
-                None if leaf is None else leaf.narrow(a, 0, length)
-                for leaf, a in zip(xs_leaves, plan.axes, strict=True)
-            ]
-        # The step runs at padded positions too (its results there are dropped): on a copy of
-        # the example's first element rather than on the padding, which may hold NaN, inf or
-        # garbage that would make NaN gradients (0 * NaN) where pack_padded_sequence gives none.
-        # An exported model computes no gradients, and its values are those of the valid
-        # positions whatever the padding holds: it reads the sizes of no sequence for this.
-        if not (torch.compiler.is_exporting() or _outputs.probing_shapes()):
-            xs_leaves = [
-                None if leaf is None else _unpadded(leaf, a, lengths, batch_axis)
-                for leaf, a in zip(xs_leaves, plan.axes, strict=True)
-            ]
-        # Shaped to broadcast against a carry leaf as it is (B examples along batch_axis), so
-        # that a step selects with it as it comes. Built with unsqueezes: a reshape exports as
-        # a Reshape whose shape may hold 0, which opsets before 14 read otherwise.
-        rank = next((leaf.ndim for leaf in plan.carry_type.leaves if leaf is not None), 1)
-        positions = torch.arange(length, device=lengths.device)[(..., *[None] * rank)]
-        mask = positions < _spread(lengths, rank, batch_axis)[None]
-        self.xs = (_pytree.tree_unflatten(xs_leaves, plan.xs_spec), mask)
-        leaves, spec = _pytree.tree_flatten(self.xs)
-        self.plan = _checks.ScanPlan(plan.carry_type, leaves, spec, [*plan.axes, 0], length)
-        self.directions = Directions([*directions.inputs, reverse], directions.output_prefix)
-        eager = longest is not None
-        self.fn = _masked(api, fn, plan.carry_type, batch, batch_axis, eager)
-
-    def finish(self, carry: Any, ys: Any) -> tuple[Any, Any]:
-        """``(carry, ys)`` with ys extended by zeros to the padded length, where the positions
-        past the longest example were not run."""
-        missing = self.padded_length - self.plan.length
-        if not missing:
-            return carry, ys
-        leaves, spec = _pytree.tree_flatten(ys)
-        axes = self.layout.axes(ys)
-        return carry, _pytree.tree_unflatten(
-            [
-                y if y is None else _extend(y, a % y.ndim, missing)
-                for y, a in zip(leaves, axes, strict=True)
-            ],
-            spec,
+def masked(plan: ScanPlan, lengths: Any, batch_axis: int) -> ScanPlan:
+    """The scan of ``plan`` over padded sequences of ``lengths``, as a scan without them: the
+    step wrapped to mask its results, and the validity mask as one more sequence."""
+    api = plan.protocol.api
+    reverse = plan.reverse
+    if reverse is None:
+        raise TorchscanValueError(
+            f"{api}: with lengths, every sequence and output must have the same direction "
+            "(each example runs its own first lengths[b] steps, or its last ones read "
+            "backwards), but in_reverse and out_reverse give them different ones. Run each "
+            "direction as its own scan (reverse=False and reverse=True), as a bidirectional "
+            "RNN over padded sequences does."
         )
+    lengths, longest = _check_lengths(api, lengths, plan)
+    batch = lengths.shape[0]
+    _check_batch(api, "init", plan.carry.init, batch, batch_axis, "carry")
+    # Eagerly, positions past the longest example are padding for every example, in either
+    # direction: they are not run, and their ys are zeros (:func:`extend`).
+    length = plan.length if longest is None else longest
+    xs_leaves = plan.xs_leaves
+    if length != plan.length:
+        xs_leaves = tuple(
+            None if leaf is None else leaf.narrow(a, 0, length)
+            for leaf, a in zip(xs_leaves, plan.in_axes, strict=True)
+        )
+    # The step runs at padded positions too (its results there are dropped): on a copy of the
+    # example's first element rather than on the padding, which may hold NaN, inf or garbage
+    # that would make NaN gradients (0 * NaN) where pack_padded_sequence gives none. An exported
+    # model computes no gradients, and its values are those of the valid positions whatever the
+    # padding holds: it reads the sizes of no sequence for this.
+    if not (torch.compiler.is_exporting() or _outputs.probing_shapes()):
+        xs_leaves = tuple(
+            None if leaf is None else _unpadded(leaf, a, lengths, batch_axis)
+            for leaf, a in zip(xs_leaves, plan.in_axes, strict=True)
+        )
+    # Shaped to broadcast against a carry leaf as it is (B examples along batch_axis), so that a
+    # step selects with it as it comes. Built with unsqueezes: a reshape exports as a Reshape
+    # whose shape may hold 0, which opsets before 14 read otherwise.
+    rank = next((leaf.ndim for leaf in plan.carry.leaves if leaf is not None), 1)
+    positions = torch.arange(length, device=lengths.device)[(..., *[None] * rank)]
+    mask = positions < _spread(lengths, rank, batch_axis)[None]
+    leaves, spec = _pytree.tree_flatten(
+        (_pytree.tree_unflatten(list(xs_leaves), plan.xs_spec), mask)
+    )
+    return dataclasses.replace(
+        plan,
+        fn=_masked(api, plan.fn, plan.carry, batch, batch_axis, eager=longest is not None),
+        xs_leaves=tuple(leaves),
+        xs_spec=spec,
+        in_axes=(*plan.in_axes, 0),
+        in_reverse=(*plan.in_reverse, reverse),
+        length=length,
+        padded_length=None if longest is None or longest == plan.length else plan.length,
+    )
+
+
+def extend(plan: ScanPlan, ys: Any) -> Any:
+    """``ys`` extended by zeros to the padded length, where the positions past the longest
+    example were not run."""
+    missing = plan.padded_length - plan.length
+    if not missing:
+        return ys
+    leaves, spec = _pytree.tree_flatten(ys)
+    axes = plan.out.axes(ys)
+    return _pytree.tree_unflatten(
+        [
+            y if y is None else _extend(y, a % y.ndim, missing)
+            for y, a in zip(leaves, axes, strict=True)
+        ],
+        spec,
+    )
 
 
 def _unpadded(
@@ -165,9 +161,7 @@ def _extend(y: torch.Tensor, axis: int, missing: int) -> torch.Tensor:
     return torch.cat([y, y.new_zeros(shape)], dim=axis)
 
 
-def _check_lengths(
-    api: str, lengths: Any, plan: _checks.ScanPlan
-) -> tuple[torch.Tensor, int | None]:
+def _check_lengths(api: str, lengths: Any, plan: ScanPlan) -> tuple[torch.Tensor, int | None]:
     """``lengths``, checked, and eagerly the longest of them (``None`` while traced)."""
     if not isinstance(lengths, torch.Tensor):
         raise TorchscanTypeError(
@@ -184,9 +178,7 @@ def _check_lengths(
             f"{api}: lengths must be 1-d, one length per example of the batch, but got "
             f"{_checks.describe(lengths)}."
         )
-    devices = {
-        leaf.device for leaf in [*plan.carry_type.leaves, *plan.xs_leaves] if leaf is not None
-    }
+    devices = {leaf.device for leaf in [*plan.carry.leaves, *plan.xs_leaves] if leaf is not None}
     if devices and lengths.device not in devices:
         raise TorchscanValueError(
             f"{api}: lengths is on {lengths.device}, but init and xs are on "

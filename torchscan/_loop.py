@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any, SupportsIndex, TypeVar
 
 import torch
 
-from torchscan import _checks, _compiled, _outputs, _pytree, _steps, _torch_onnx_hook, _traced
-from torchscan._errors import TorchscanTypeError, TorchscanValueError
+from torchscan import _checks, _dispatch, _outputs, _steps
+from torchscan._errors import TorchscanTypeError
+from torchscan._plan import LoopPlan
 from torchscan._steps import Until
 
 Carry = TypeVar("Carry")
@@ -110,67 +110,19 @@ def loop(
     _checks.check_callable(_API, "body", body)
     _checks.refuse_torchscript(_API)
     _checks.refuse_strict_export(_API)
-    carry_type = _checks.CarryType(_API, "body", init)
-    _checks.check_tensor_leaves(_API, "init", init, carry_type.leaves)
-    _checks.check_same_device(_API, [("init", init, carry_type.leaves)])
+    carry = _checks.CarryType(_API, "body", init)
+    _checks.check_tensor_leaves(_API, "init", init, carry.leaves)
+    _checks.check_same_device(_API, [("init", init, carry.leaves)])
     trip_count = _check_trip_count(trip_count)
-    cond = _check_cond(cond)
-    if torch.compiler.is_exporting() or _outputs.probing_shapes():
-        check_types = _torch_onnx_hook.install_if_exporting(_API)
-        never_ends = _NEVER_ENDS if trip_count is None else ""
-        return _traced.traced_loop(
-            body, carry_type, trip_count, cond, _PROTOCOL, never_ends, check_types
-        )
-    if torch.compiler.is_dynamo_compiling() and not isinstance(trip_count, torch.Tensor):
-        if (trip_count is not None and trip_count <= 0) or cond is False:
-            return init, _empty_ys(body, carry_type, trip_count)
-        if not isinstance(cond, torch.Tensor):
-            return _compiled_loop(body, carry_type, trip_count)
-    trips = None if trip_count is None else max(int(trip_count), 0)
-    if trips == 0 or (cond is not None and not bool(cond)):
-        return init, _empty_ys(body, carry_type, trip_count)
-    device = _device([*carry_type.leaves, trip_count, cond])
-    carry, ys = _PROTOCOL.run(
-        lambda carry, i: body(i, carry),
-        _counter(trips, device),
-        carry_type,
-        0,
-        refuse_without_until=_NEVER_ENDS if trips is None else None,
-        step=body,
+    plan = LoopPlan(
+        protocol=_PROTOCOL,
+        body=body,
+        carry=carry,
+        trip_count=trip_count,
+        cond=_check_cond(cond),
+        never_ends=_NEVER_ENDS if trip_count is None else "",
     )
-    return carry, _OUTPUTS.stack(ys, 0)
-
-
-def _compiled_loop(body: Callable, carry_type: _checks.CarryType, trips: Any) -> tuple[Any, Any]:
-    """``loop`` under ``torch.compile``, with an int (or symbolic) ``trip_count`` or none: the
-    first iteration traced as it is, the others as one loop (:mod:`torchscan._compiled`)."""
-    device = _device(carry_type.leaves)
-    first = torch.zeros((), dtype=torch.int64, device=device)
-
-    def call(carry: Any, i: torch.Tensor) -> Any:
-        return body(i, carry)
-
-    out, broke = _compiled.first_step(call, carry_type.init, first)
-    never_ends = _NEVER_ENDS if trips is None else None
-    has_until = _PROTOCOL.check_first(out, carry_type, 0, never_ends)
-    y_tensors = any(leaf is not None for leaf in _pytree.tree_leaves(out[1]))
-    if (
-        broke
-        or not _compiled.loop_operators_apply(out, has_until)
-        or (has_until and trips is None and y_tensors)
-    ):
-        # a graph break, a loop operator torch cannot train, or outputs to stack with no bound
-        # on their number: the other iterations run as eagerly
-        counter = itertools.islice(_counter(trips, device), 1, None)
-        carry, ys = _PROTOCOL.run_after_first(call, counter, carry_type, out)
-        return carry, _OUTPUTS.stack(ys, 0)
-    init = carry_type.init
-    if has_until:
-        return _compiled.run_loop(call, _PROTOCOL, init, out, lambda i: i, trips, False, 0, device)
-    counter = torch.arange(trips, device=device)
-    return _compiled.run_scan(
-        call, _PROTOCOL, init, out, [counter], _pytree.tree_structure(first), trips, False, True, 0
-    )
+    return _dispatch.run(plan)
 
 
 def _check_trip_count(trip_count: Any) -> int | torch.Tensor | None:
@@ -204,40 +156,3 @@ def _check_cond(cond: Any) -> bool | torch.Tensor | None:
 
 def _is_bool(t: torch.Tensor) -> bool:
     return t.dtype == torch.bool
-
-
-def _device(candidates: Sequence[Any]) -> torch.device:
-    return next((t.device for t in candidates if isinstance(t, torch.Tensor)), torch.device("cpu"))
-
-
-def _counter(trips: int | None, device: torch.device) -> Iterator[torch.Tensor]:
-    """The iteration numbers as 0-d int64 tensors, made in batches: one ``torch.tensor(i)`` per
-    iteration would cost more than the bookkeeping of the whole loop, and all of them at once
-    would cost in proportion to a cap that ``until`` may never reach."""
-    start, size = 0, 16
-    while trips is None or start < trips:
-        stop = start + size if trips is None else min(start + size, trips)
-        yield from torch.arange(start, stop, device=device).unbind(0)
-        start, size = stop, min(size * 2, 4096)
-
-
-def _empty_ys(body: Callable, carry_type: _checks.CarryType, trip_count: Any) -> Any:
-    """``ys`` of a loop that runs no iteration, with the shapes ``body`` would give them."""
-    i = torch.zeros((), dtype=torch.int64, device=_device(carry_type.leaves))
-    if torch.compiler.is_dynamo_compiling():
-        out = body(i, carry_type.init)  # traced for its shapes only: the compiler drops it
-    else:
-        out = _OUTPUTS.call_on_fake(
-            "no iteration runs", _traced.on_fake_tensors(body), i, carry_type.init, real=body
-        )
-    if trip_count is None and not _PROTOCOL.has_until(out):
-        raise TorchscanValueError(_NEVER_ENDS)
-    return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, carry_type, 0), 0)
-
-
-def check_result(out: Any, needs_until: bool) -> bool:
-    """Whether ``out``, returned by a body being traced, ends with ``until``."""
-    has_until = _PROTOCOL.has_until(out)
-    if needs_until and not has_until:
-        raise TorchscanValueError(_NEVER_ENDS)
-    return has_until

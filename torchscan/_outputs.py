@@ -18,6 +18,7 @@ import torch
 
 from torchscan import _checks, _pytree
 from torchscan._errors import TorchscanError, TorchscanTypeError, TorchscanValueError
+from torchscan._layout import OutLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,39 +27,43 @@ class Outputs:
     fn_name: str
     step_name: str
 
-    def check_first(self, y: Any, axis: Any) -> None:
-        """``y`` holds tensors and ``None`` only, and each tensor can be stacked on its axis
-        (``axis``, or what an :class:`~torchscan._layout.OutLayout` gives each leaf)."""
+    def check_first(self, y: Any, layout: OutLayout) -> None:
+        """``y`` holds tensors and ``None`` only, and each tensor can be stacked on the axis
+        ``layout`` gives it."""
         leaves = _pytree.tree_leaves(y)
         _checks.check_tensor_leaves(self.api, "y", y, leaves)
-        axes = _leaf_axes(axis, y, leaves)
+        axes = layout.axes(y)
+        one_axis = layout.axes_prefix is None
         bad = [i for i, leaf in enumerate(leaves) if leaf is not None and not _fits(axes[i], leaf)]
         if bad:
             names = _pytree.leaf_names(y, "y")
             lines = [
                 f"{names[i]} has shape {tuple(leaves[i].shape)}, so ys gets rank "
-                f"{leaves[i].ndim + 1} and {'axis' if isinstance(axis, int) else 'its axis'} "
+                f"{leaves[i].ndim + 1} and {'axis' if one_axis else 'its axis'} "
                 "must be in "
                 f"[{-leaves[i].ndim - 1}, {leaves[i].ndim}]"
-                + ("" if isinstance(axis, int) else f", but out_axes gives it {axes[i]}")
+                + ("" if one_axis else f", but out_axes gives it {axes[i]}")
                 for i in bad
             ]
             what = (
-                f"axis={axis} is also the axis that ys are stacked on, and it does not fit"
-                if isinstance(axis, int)
+                f"axis={layout.axis} is also the axis that ys are stacked on, and it does not fit"
+                if one_axis
                 else "out_axes does not fit"
             )
             raise TorchscanValueError(
                 f"{self.api}: {what} every leaf of y:{_checks.bullets(lines)}"
             )
 
-    def stack(self, ys: list[Any], axis: Any) -> Any:
-        """Stack every leaf of the per-step outputs along ``axis`` (or along the axis, and in the
-        direction, that an :class:`~torchscan._layout.OutLayout` gives each leaf)."""
+    def stack(self, ys: list[Any], layout: OutLayout) -> Any:
+        """Stack every leaf of the per-step outputs (``ys``, in the order the steps ran) along
+        the axis, and in the direction, that ``layout`` gives it: a reversed leaf is stacked
+        from its end."""
         spec = _pytree.tree_structure(ys[0])
-        uniform = isinstance(axis, int)
+        uniform = layout.axes_prefix is None and isinstance(layout.reverse_prefix, bool)
         if _pytree.is_leaf_spec(spec) and uniform:
-            return self._stack_leaf(ys, axis, ys[0], 0)
+            return self._stack_leaf(
+                ys[::-1] if layout.reverse_prefix else ys, layout.axis, ys[0], 0
+            )
         flat = [_pytree.tree_flatten(y) for y in ys]
         for _, step_spec in flat:
             if not _pytree.same_structure(step_spec, spec):
@@ -69,10 +74,7 @@ class Outputs:
                     f"  * a later step returned {_pytree.structure_text(step_spec)}"
                 )
         columns = [list(c) for c in zip(*(step_leaves for step_leaves, _ in flat), strict=True)]
-        if uniform:
-            axes, reverse = [axis] * len(columns), [False] * len(columns)
-        else:
-            axes, reverse = axis.axes(ys[0]), axis.reverse(ys[0])
+        axes, reverse = layout.axes(ys[0]), layout.reverse(ys[0])
         stacked = [
             self._stack_leaf(column[::-1] if r else column, a, ys[0], i)
             for i, (column, a, r) in enumerate(zip(columns, axes, reverse, strict=True))
@@ -111,7 +113,7 @@ class Outputs:
             f"{name} is {first} for {self.step_name} 0 and {other} for {self.step_name} {step}."
         )
 
-    def empty(self, fake_y: Any, axis: Any) -> Any:
+    def empty(self, fake_y: Any, layout: OutLayout) -> Any:
         """``ys`` of zero steps: every tensor of ``fake_y`` with a 0-length axis inserted."""
         leaves = _pytree.tree_leaves(fake_y)
         data_dependent = [
@@ -127,7 +129,7 @@ class Outputs:
                 "be made empty with the right shape."
             )
         leaves, spec = _pytree.tree_flatten(fake_y)
-        axes = _leaf_axes(axis, fake_y, leaves)
+        axes = layout.axes(fake_y)
         return _pytree.tree_unflatten(
             [t if t is None else _empty_stack(t, a) for t, a in zip(leaves, axes, strict=True)],
             spec,
@@ -251,11 +253,6 @@ def probing_shapes() -> bool:
         # makes fake tensors of its own, which Dynamo leaves to eager code.
         return False
     return _probing.get()
-
-
-def _leaf_axes(axis: Any, y: Any, leaves: Sequence[Any]) -> list[int]:
-    """The stacking axis of every leaf of ``y``: ``axis``, or what an ``OutLayout`` gives."""
-    return [axis] * len(leaves) if isinstance(axis, int) else axis.axes(y)
 
 
 def _fits(axis: int, leaf: torch.Tensor) -> bool:

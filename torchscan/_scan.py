@@ -1,25 +1,14 @@
-"""``torchscan.scan``: the public function, its argument checks and its eager execution."""
+"""``torchscan.scan``: the public function and its argument checks, which make its plan."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, SupportsIndex, TypeVar, overload
 
 import torch
 
-from torchscan import (
-    _checks,
-    _compiled,
-    _layout,
-    _lengths,
-    _outputs,
-    _pytree,
-    _steps,
-    _torch_onnx_hook,
-    _traced,
-)
-from torchscan._errors import TorchscanValueError
+from torchscan import _checks, _dispatch, _layout, _lengths, _outputs, _pytree, _steps
+from torchscan._plan import ScanPlan
 from torchscan._until import Until
 
 Carry = TypeVar("Carry")
@@ -241,189 +230,32 @@ def scan_in_order(
     _checks.refuse_strict_export(_API)
     _lengths.refuse_packed(_API, xs)
     directions = _layout.directions(_API, xs, reverse, in_reverse, out_reverse)
-    plan = _plan(init, xs, length, axis, in_axes)
-    if isinstance(out_axes, int) and not isinstance(out_axes, bool):
-        axis, out_axes = out_axes, None  # the uniform path reads axis for ys only
-    layout = _layout.OutLayout(_API, int(axis), out_axes, directions.output_prefix)
-    _checks.check_int(_API, "batch_axis", batch_axis)
-    if lengths is not None:
-        masked = _lengths.Masked(_API, fn, plan, xs, lengths, batch_axis, directions, layout)
-        fn, plan, directions = masked.fn, masked.plan, masked.directions
-        return masked.finish(
-            *_scan_in_order_of(fn, init, plan, axis, directions, layout, realign, loop_operator)
-        )
-    return _scan_in_order_of(fn, init, plan, axis, directions, layout, realign, loop_operator)
-
-
-def _scan_in_order_of(
-    fn: Callable,
-    init: Any,
-    plan: _Plan,
-    axis: Any,
-    directions: _layout.Directions,
-    layout: _layout.OutLayout,
-    realign: bool,
-    loop_operator: bool,
-) -> tuple[Any, Any]:
-    out_axes = layout.axes_prefix
-    uniform = directions.uniform
-    reads_backwards = all(directions.inputs) and directions.output_prefix is False
-    if uniform is None and realign and out_axes is None and reads_backwards:
-        uniform, realign = True, False  # every sequence read backwards, ys in the order of steps
-    if uniform is None or out_axes is not None:
-        return _scan_laid_out(fn, plan, directions.inputs, layout)
-    reverse = uniform
-    if torch.compiler.is_exporting() or _outputs.probing_shapes():
-        check_types = _torch_onnx_hook.install_if_exporting(_API)
-        return _traced.traced_scan(
-            fn, plan, _PROTOCOL, axis, reverse, reverse and realign, check_types
-        )
-    if plan.length == 0:
-        return init, _empty_ys(fn, init, plan, axis)
-    if torch.compiler.is_dynamo_compiling() and loop_operator:
-        return _compiled_scan(fn, plan, axis, reverse, realign)
-    steps = _slices(plan)
-    carry, ys = _PROTOCOL.run(
-        fn,
-        reversed(steps) if reverse else steps,
-        plan.carry_type,
-        axis,
-        sources=_steps.Sources(plan.xs_leaves, plan.xs_spec),
-    )
-    if reverse and realign:
-        ys.reverse()
-    return carry, _OUTPUTS.stack(ys, axis)
-
-
-def _scan_laid_out(
-    fn: Callable, plan: _Plan, in_reverse: Sequence[bool], layout: _layout.OutLayout
-) -> tuple[Any, Any]:
-    """``scan`` with an axis and a direction of their own for each sequence and output: steps
-    ``t = 0, 1, ...`` read index ``t`` of a forward sequence and ``n - 1 - t`` of a reversed one,
-    and put their ``y`` at index ``t``, or ``n - 1 - t`` of a reversed (prepended) output."""
-    init = plan.carry_type.init
-    if torch.compiler.is_exporting() or _outputs.probing_shapes():
-        check_types = _torch_onnx_hook.install_if_exporting(_API)
-        return _traced.traced_scan(fn, plan, _PROTOCOL, layout, in_reverse, None, check_types)
-    if plan.length == 0:
-        return init, _empty_ys(fn, init, plan, layout)
-    steps = _slices(plan, in_reverse)
-    carry, ys = _PROTOCOL.run(
-        _refusing_until(fn),
-        steps,
-        plan.carry_type,
-        layout,
-        sources=_steps.Sources(plan.xs_leaves, plan.xs_spec),
-    )
-    return carry, _OUTPUTS.stack(ys, layout)
-
-
-def _refusing_until(fn: Callable) -> Callable:
-    """``fn``, refusing ``until`` (which a scan laid out leaf by leaf cannot honour)."""
-
-    @functools.wraps(fn)
-    def step(carry: Any, x: Any) -> Any:
-        out = fn(carry, x)
-        if isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], Until):
-            raise TorchscanValueError(
-                f"{_API}: {_PROTOCOL.fn_name} returned until, which cannot be combined with "
-                "in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: give every "
-                "leaf the same axis and direction (axis=, reverse=)."
-            )
-        return out
-
-    return step
-
-
-def _compiled_scan(fn: Callable, plan: _Plan, axis: int, reverse: bool, realign: bool) -> Any:
-    """``scan`` under ``torch.compile``: the first step traced as it is, the others as one loop
-    (:mod:`torchscan._compiled`)."""
-    n = plan.length
-    xs = [
-        None if leaf is None else leaf.movedim(a, 0)
-        for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
-    ]
-
-    def take(t: Any) -> Any:
-        if isinstance(t, torch.Tensor):
-            position = n - 1 - t if reverse else t
-            leaves = [None if x is None else x.index_select(0, position.reshape(1))[0] for x in xs]
-        else:
-            leaves = [None if x is None else x.select(0, t) for x in xs]
-        return _pytree.tree_unflatten(leaves, plan.xs_spec)
-
-    out, broke = _compiled.first_step(fn, plan.carry_type.init, take(n - 1 if reverse else 0))
-    has_until = _PROTOCOL.check_first(out, plan.carry_type, axis)
-    if broke or not _compiled.loop_operators_apply(out, has_until):
-        # fn breaks the graph, or torch cannot train the loop operator: the other steps run as
-        # eagerly (TorchDynamo unrolls them where it can trace them)
-        steps = _slices(plan)
-        later = list(reversed(steps))[1:] if reverse else steps[1:]
-        carry, ys = _PROTOCOL.run_after_first(fn, later, plan.carry_type, out)
-        if reverse and realign:
-            ys.reverse()
-        return carry, _OUTPUTS.stack(ys, axis)
-    init = plan.carry_type.init
-    if has_until:
-        device = _compiled.device_of([*plan.carry_type.leaves, *plan.xs_leaves])
-        return _compiled.run_loop(
-            fn, _PROTOCOL, init, out, take, n, reverse and realign, axis, device
-        )
-    return _compiled.run_scan(fn, _PROTOCOL, init, out, xs, plan.xs_spec, n, reverse, realign, axis)
-
-
-_Plan = _checks.ScanPlan
-
-
-def _plan(init: Any, xs: Any, length: Any, axis: Any, in_axes: Any = None) -> _Plan:
-    carry_type = _checks.CarryType(_API, "fn", init)
-    init_leaves = carry_type.leaves
-    _checks.check_tensor_leaves(_API, "init", init, init_leaves)
+    carry = _checks.CarryType(_API, "fn", init)
+    _checks.check_tensor_leaves(_API, "init", init, carry.leaves)
     xs_leaves, xs_spec = _pytree.tree_flatten(xs)
     _checks.check_tensor_leaves(_API, "xs", xs, xs_leaves)
     _checks.check_int(_API, "axis", axis)
     axes = _layout.in_axes(_API, xs, xs_leaves, axis, in_axes)
     n = _checks.scan_length(_API, xs, xs_leaves, axes, length)
-    _checks.check_same_device(_API, [("init", init, init_leaves), ("xs", xs, xs_leaves)])
-    return _Plan(carry_type, xs_leaves, xs_spec, axes, n)
-
-
-def _slices(plan: _Plan, in_reverse: Sequence[bool] | None = None) -> Sequence[Any]:
-    """The ``x`` of every step, as views into ``xs`` (``unbind`` gives all of them at once, and
-    its backward is one ``stack`` instead of one scatter per step); ``in_reverse`` reads the
-    leaves it marks from their end."""
-    columns = [
-        (None,) * plan.length if leaf is None else leaf.unbind(a)
-        for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
-    ]
-    if in_reverse is not None:
-        columns = [c[::-1] if r else c for c, r in zip(columns, in_reverse, strict=True)]
-    if not columns:  # xs is an empty container: every step gets one like it
-        return [_pytree.tree_unflatten([], plan.xs_spec)] * plan.length
-    if _pytree.is_leaf_spec(plan.xs_spec):
-        return columns[0]
-    return [_pytree.tree_unflatten(list(step), plan.xs_spec) for step in zip(*columns, strict=True)]
-
-
-def _empty_ys(fn: Callable, init: Any, plan: _Plan, axis: Any) -> Any:
-    """``ys`` of a scan with zero steps, with the shapes and dtypes ``fn`` would give them."""
-    fake_x = _pytree.tree_unflatten(
-        [
-            None if leaf is None else _without_axis(leaf, a)
-            for leaf, a in zip(plan.xs_leaves, plan.axes, strict=True)
-        ],
-        plan.xs_spec,
+    _checks.check_same_device(_API, [("init", init, carry.leaves), ("xs", xs, xs_leaves)])
+    if isinstance(out_axes, int) and not isinstance(out_axes, bool):
+        axis, out_axes = out_axes, None  # one axis for every output
+    # Without realigning, ys are stacked in the order the steps ran.
+    out_reverse = directions.output_prefix if realign else False
+    plan = ScanPlan(
+        protocol=_PROTOCOL,
+        fn=fn,
+        user=fn,
+        carry=carry,
+        xs_leaves=tuple(xs_leaves),
+        xs_spec=xs_spec,
+        in_axes=tuple(axes),
+        in_reverse=tuple(directions.inputs),
+        out=_layout.OutLayout(_API, int(axis), out_axes, out_reverse),
+        length=n,
+        loop_operator=loop_operator,
     )
-    if torch.compiler.is_dynamo_compiling():
-        # Traced for its shapes only: the compiler drops the computation.
-        out = fn(init, _pytree.tree_map(torch.zeros_like, fake_x))
-    else:
-        out = _OUTPUTS.call_on_fake(
-            "xs has length 0", _traced.on_fake_tensors(fn), init, fake_x, real=fn
-        )
-    return _OUTPUTS.empty(_PROTOCOL.check_fake_result(out, plan.carry_type, axis), axis)
-
-
-def _without_axis(leaf: torch.Tensor, axis: int) -> torch.Tensor:
-    shape = leaf.shape[:axis] + leaf.shape[axis + 1 :]
-    return torch.empty(shape, dtype=leaf.dtype, device=leaf.device)
+    _checks.check_int(_API, "batch_axis", batch_axis)
+    if lengths is not None:
+        plan = _lengths.masked(plan, lengths, batch_axis)
+    return _dispatch.run(plan)

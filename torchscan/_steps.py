@@ -15,6 +15,7 @@ import torch
 
 from torchscan import _checks, _inplace, _outputs, _pytree
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
+from torchscan._layout import OutLayout
 from torchscan._until import Until, until
 
 __all__ = ["Protocol", "Sources", "Until", "until"]
@@ -92,7 +93,7 @@ class Protocol:
         call: Callable[[Any, Any], Any],
         items: Iterable[Any],
         carry_type: _checks.CarryType,
-        axis: int,
+        layout: OutLayout,
         refuse_without_until: str | None = None,
         sources: Sequence[Any] | None = None,
         step: Callable | None = None,
@@ -125,7 +126,7 @@ class Protocol:
                 out, allowed = self._first_step(call, step, carry_type, carry, first, originals)
             else:
                 out = call(carry, first)
-        has_until = self.check_first(out, carry_type, axis, refuse_without_until)
+        has_until = self.check_first(out, carry_type, layout, refuse_without_until)
         carry, y = out[0], out[1]
         ys = [y]
         if has_until and self.stops(out[2].stop, 0):
@@ -141,7 +142,14 @@ class Protocol:
         ran = [0]
         if single and watching and not has_until:
             carry = self._run_single(
-                call, items, carry, carry_type, append, carry_allowed[0], step, ran
+                call,
+                items,
+                carry,
+                carry_type,
+                append,
+                carry_allowed[0] if carry_allowed else 0,
+                step,
+                ran,
             )
         else:
             carry = self._run_any(
@@ -226,7 +234,7 @@ class Protocol:
         self,
         out: Any,
         carry_type: _checks.CarryType,
-        axis: int,
+        layout: OutLayout,
         refuse_without_until: str | None = None,
     ) -> bool:
         """Check what the first step returned; whether it returned ``until``."""
@@ -234,7 +242,7 @@ class Protocol:
         if refuse_without_until and not has_until:
             raise TorchscanValueError(refuse_without_until)
         carry_type.check(out[0], f" in its first {self.step_name}")
-        self.outputs.check_first(out[1], axis)
+        self.outputs.check_first(out[1], layout)
         return has_until
 
     def run_after_first(
@@ -394,12 +402,12 @@ class Protocol:
             raise _inplace.refuse(self.api, self.fn_name, step, refused, "")
         return out
 
-    def check_fake_result(self, out: Any, carry_type: _checks.CarryType, axis: int) -> Any:
+    def check_fake_result(self, out: Any, carry_type: _checks.CarryType, layout: OutLayout) -> Any:
         """Check what the step function returned on fake tensors; return its ``y``."""
         if self.has_until(out):
             self.check_stop(out[2].stop, 0)
         carry_type.check(out[0], "")
-        self.outputs.check_first(out[1], axis)
+        self.outputs.check_first(out[1], layout)
         return out[1]
 
 

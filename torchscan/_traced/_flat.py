@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchscan import _checks, _pytree, _steps
+from torchscan import _checks, _pytree
 from torchscan._compat import (
     GuardOnDataDependentSymNode,
     disable_proxy_modes_tracing,
@@ -19,6 +19,9 @@ from torchscan._traced._body import InPlaceWrite, as_traced_body
 from torchscan._traced._loop_op import torchscan_loop
 from torchscan._traced._scan_op import slice_like as _slice_like
 from torchscan._traced._scan_op import torchscan_scan
+
+if TYPE_CHECKING:
+    from torchscan._plan import LoopPlan, ScanPlan
 
 TypeCheck = Callable[[str, Sequence[tuple[str, Any]]], None]
 """``check(op, leaves)``: refuses the named tensors whose element type the ONNX operator ``op``
@@ -39,7 +42,7 @@ class _FlatStep:
     Pytrees become flat lists of tensors, ``None`` leaves (which an operator's tensors cannot
     hold) are dropped on the way in and put back on the way out, and ``until`` becomes a last
     output. What the step returns (its ``y`` structure, whether it stops) is learned the first
-    time it runs.
+    time it runs: traced for an operator, or called on fake tensors (:meth:`probe`).
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class _FlatStep:
         fn: Callable,
         protocol: Any,
         carry_type: _checks.CarryType,
+        user: Callable,
         never_ends: str = "",
         check_types: TypeCheck | None = None,
         sequences: Sequence[tuple[str, torch.Tensor]] = (),
@@ -54,7 +58,7 @@ class _FlatStep:
         self.fn, self.protocol, self.carry_type = fn, protocol, carry_type
         self.never_ends = never_ends
         # Named in refusals of what torch cannot trace or translate in the step.
-        self.source = _step_errors.StepSource.of(fn, protocol.api, protocol.fn_name)
+        self.source = _step_errors.StepSource.of(user, protocol.api, protocol.fn_name)
         self.source.keep_its_frames()
         # While torch.onnx exports: the element types of the leaves, which the ONNX operator
         # the call becomes must allow, checked where their names are known; ``sequences`` are
@@ -64,9 +68,10 @@ class _FlatStep:
         self.carries = [leaf for leaf in carry_type.leaves if leaf is not None]
         self.y_spec: Any = None
         self.y_present: list[bool] = []
+        self.y: Any = None  # what the probe's step returned as y
         self.has_until = False
-        # Set while a scan is traced as a Scan before it is known whether fn stops early.
-        self.refuse_until = False
+        # The operator the step is traced for ("Scan" or "Loop"); None while it is probed.
+        self.operator: str | None = None
 
     def call(self, *args: Any) -> Any:
         """``fn(*args)``; a guard on a tensor's value in the user's code, and a ``torch.cond``
@@ -96,7 +101,7 @@ class _FlatStep:
     def flatten(self, out: Any) -> tuple[Any, ...]:
         """The flat outputs of one step: new carries, ``y`` leaves, and the stop flag."""
         self.has_until = self.protocol.has_until(out)
-        if self.has_until and self.refuse_until:
+        if self.has_until and self.operator == "Scan":
             raise _StopsEarly
         if self.never_ends and not self.has_until:
             raise TorchscanValueError(self.never_ends)
@@ -104,10 +109,12 @@ class _FlatStep:
         y_leaves, self.y_spec = _pytree.tree_flatten(out[1])
         _checks.check_tensor_leaves(self.protocol.api, "y", out[1], y_leaves)
         self.y_present = [leaf is not None for leaf in y_leaves]
-        if self.check_types is not None:
-            as_scan = self.refuse_until
+        if self.operator is None:
+            self.y = out[1]
+        elif self.check_types is not None:
+            as_scan = self.operator == "Scan"
             self.check_types(
-                "Scan" if as_scan else "Loop",
+                self.operator,
                 [
                     *_pytree.named_tensors(out[0], "carry"),
                     *(self.sequences if as_scan else ()),
@@ -123,7 +130,9 @@ class _FlatStep:
 
     def probe(self, step: Callable, *args: Any) -> None:
         """Run ``step`` once on fake copies of ``args``, outside the trace, to learn what it
-        returns: whether it stops decides which operator it becomes."""
+        returns: whether it stops decides which operator it becomes, and its ``y`` the axis and
+        direction of every output laid out leaf by leaf."""
+        self.operator = None
         with disable_proxy_modes_tracing(), as_traced_body():
             step(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
 
@@ -133,39 +142,25 @@ class _FlatStep:
         return self.carry(out[:n]), ys
 
 
-def traced_scan(
-    fn: Callable,
-    plan: _checks.ScanPlan,
-    protocol: _steps.Protocol,
-    axis: Any,
-    reverse: bool | Sequence[bool],
-    reverse_ys: bool | None,
-    check_types: TypeCheck | None = None,
-) -> tuple[Any, Any]:
+def traced_scan(plan: ScanPlan, check_types: TypeCheck | None = None) -> tuple[Any, Any]:
     """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors, or, when
-    ``fn`` returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early).
+    the step returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early).
 
-    ``plan`` is the checked description of the call, ``protocol`` reads and checks what ``fn``
-    returns in the words of the public function; ``reverse``
-    reverses the order of the steps and ``reverse_ys`` the order in which ``ys`` are stacked.
-    With an axis and a direction for each leaf, ``axis`` is an ``OutLayout`` (the axis and
-    direction of every ``ys`` leaf, learned by running ``fn`` once on fake tensors),
-    ``reverse`` has one entry per ``xs`` leaf and ``reverse_ys`` is ``None``; ``fn`` may then
-    not stop early.
     ``check_types``, given while torch.onnx exports, refuses leaves whose element type the ONNX
     operator does not allow at the target opset, naming them by their paths.
     """
-    xs_tree = _pytree.tree_unflatten(plan.xs_leaves, plan.xs_spec)
+    xs_tree = _pytree.tree_unflatten(list(plan.xs_leaves), plan.xs_spec)
     flat = _FlatStep(
-        fn,
-        protocol,
-        plan.carry_type,
+        plan.fn,
+        plan.protocol,
+        plan.carry,
+        plan.user,
         check_types=check_types,
         sequences=_pytree.named_tensors(xs_tree, "xs"),
     )
     x_present = [leaf is not None for leaf in plan.xs_leaves]
-    xs = [leaf for leaf in plan.xs_leaves if leaf is not None]
-    in_axes = [a for a, present in zip(plan.axes, x_present, strict=True) if present]
+    xs = plan.present
+    in_axes = [a for a, present in zip(plan.in_axes, x_present, strict=True) if present]
 
     def x_of(slices: Sequence[Any]) -> Any:
         return _pytree.tree_unflatten(_fill(x_present, slices), plan.xs_spec)
@@ -174,19 +169,33 @@ def traced_scan(
         n = len(flat.carries)
         return flat.flatten(flat.call(flat.carry(args[:n]), x_of(args[n : n + len(xs)])))
 
-    # Whether fn stops early decides which operator the scan becomes, and only running fn tells.
-    # Tracing it as a Scan is what almost every scan needs, so that is tried first rather than
-    # running fn once more beforehand: a step that returns until interrupts the trace, before
-    # anything is recorded in the outer graph, and the scan is traced again as a loop.
+    # Whether the step stops early decides which operator the scan becomes, and only running it
+    # tells. Tracing it as a Scan is what almost every scan needs, so that is tried first rather
+    # than running it once more beforehand (which nested scans would pay at every level): a step
+    # that returns until interrupts the trace, before anything is recorded in the outer graph,
+    # and the scan is traced again as a loop.
+    direction = plan.direction
     scan_xs, scan_axes = (xs, in_axes) if xs else _empty_sequence(plan.length)
-    if isinstance(reverse, bool):
+    if direction is not None:
+        reverse, realign = direction
         in_reverse = [reverse] * len(scan_xs)
-        out_axes, out_reverse = [axis], [reverse_ys]
+        out_axes, out_reverse = [plan.out.axis], [reverse and realign]
     else:
-        in_reverse = [r for r, present in zip(reverse, x_present, strict=True) if present]
+        in_reverse = [r for r, present in zip(plan.in_reverse, x_present, strict=True) if present]
         in_reverse = in_reverse if xs else [False]
-        out_axes, out_reverse = _laid_out(flat, step, xs, in_axes, axis)
-    flat.refuse_until = True
+        # The axis and direction of every output are given for the leaves of y: the step runs
+        # once on fake tensors, outside the trace, to learn y.
+        flat.probe(
+            step, *flat.carries, *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)]
+        )
+        if flat.has_until:
+            raise TorchscanValueError(
+                f"{plan.protocol.api}: {plan.protocol.fn_name} returned until, which cannot be "
+                "combined with in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: "
+                "give every leaf the same axis and direction (axis=, reverse=)."
+            )
+        out_axes, out_reverse = _laid_out(flat, plan)
+    flat.operator = "Scan"
     try:
         out = torchscan_scan(
             flat.body(lambda *args: step(*args[: len(flat.carries) + len(xs)])),
@@ -199,41 +208,23 @@ def traced_scan(
             out_reverse,
         )
     except _StopsEarly:
-        flat.refuse_until = False
-        return _scan_as_loop(flat, xs, in_axes, x_of, plan.length, axis, reverse, reverse_ys)
+        assert direction is not None
+        return _scan_as_loop(flat, xs, in_axes, x_of, plan.length, plan.out.axis, *direction)
     except InPlaceWrite as refused:
         if not refused.sequences or not xs:
             raise
         raise refused.naming([name for name, _ in flat.sequences]) from None
     finally:
-        flat.refuse_until = False
+        flat.operator = None
     return flat.unflatten(out)
 
 
-def _laid_out(
-    flat: _FlatStep, step: Callable, xs: Sequence[torch.Tensor], in_axes: Sequence[int], layout: Any
-) -> tuple[list[int], list[bool]]:
-    """The stacking axis and direction of every (present) ``ys`` leaf, as ``layout`` gives
-    them: ``fn`` runs once on fake tensors, outside the trace, to learn ``y``."""
-    flat.refuse_until = True
-    try:
-        with disable_proxy_modes_tracing(), as_traced_body():
-            out = step(
-                *[c.clone() for c in flat.carries],
-                *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)],
-            )
-    except _StopsEarly:
-        raise TorchscanValueError(
-            f"{flat.protocol.api}: {flat.protocol.fn_name} returned until, which cannot be "
-            "combined with in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: "
-            "give every leaf the same axis and direction (axis=, reverse=)."
-        ) from None
-    finally:
-        flat.refuse_until = False
-    y_leaves = list(out[len(flat.carries) :])
-    y = _pytree.tree_unflatten(_fill(flat.y_present, y_leaves), flat.y_spec)
-    flat.protocol.outputs.check_first(y, layout)
-    axes, reverse = layout.axes(y), layout.reverse(y)
+def _laid_out(flat: _FlatStep, plan: ScanPlan) -> tuple[list[int], list[bool]]:
+    """The stacking axis and direction of every (present) ``ys`` leaf, as the plan's layout
+    gives them for the ``y`` the probe returned."""
+    y = flat.y
+    plan.protocol.outputs.check_first(y, plan.out)
+    axes, reverse = plan.out.axes(y), plan.out.reverse(y)
     present = flat.y_present
     return (
         [a for a, p in zip(axes, present, strict=True) if p],
@@ -247,7 +238,16 @@ def _empty_sequence(length: Any) -> tuple[list[torch.Tensor], list[int]]:
     return [torch.empty(length, 0)], [0]
 
 
-def _scan_as_loop(flat, xs, in_axes, x_of, length, axis, reverse, reverse_ys) -> tuple[Any, Any]:
+def _scan_as_loop(
+    flat: _FlatStep,
+    xs: Sequence[torch.Tensor],
+    in_axes: Sequence[int],
+    x_of: Callable[[Sequence[Any]], Any],
+    length: Any,
+    axis: int,
+    reverse: bool,
+    realign: bool,
+) -> tuple[Any, Any]:
     """A scan that stops early, as a loop over the sequence positions it reads with ``i``."""
 
     def step(i, *args):
@@ -258,11 +258,16 @@ def _scan_as_loop(flat, xs, in_axes, x_of, length, axis, reverse, reverse_ys) ->
         ]
         return flat.flatten(flat.call(flat.carry(args), x_of(slices)))
 
+    flat.operator = "Loop"
     out = torchscan_loop(flat.body(step), length, None, flat.carries, (), True)
     carry, ys = flat.unflatten(out)
     # The loop stacks in the order the steps ran, on axis 0.
     ys = _pytree.tree_map(
-        lambda y: None if y is None else (y.flip(0) if reverse_ys else y).movedim(0, axis % y.ndim),
+        lambda y: (
+            None
+            if y is None
+            else (y.flip(0) if reverse and realign else y).movedim(0, axis % y.ndim)
+        ),
         ys,
     )
     return carry, ys
@@ -274,21 +279,10 @@ def _fill(present: Sequence[bool], values: Sequence[Any]) -> list[Any]:
     return [next(it) if p else None for p in present]
 
 
-def traced_loop(
-    body: Callable,
-    carry_type: _checks.CarryType,
-    trip_count: Any,
-    cond: Any,
-    protocol: _steps.Protocol,
-    never_ends: str,
-    check_types: TypeCheck | None = None,
-) -> tuple[Any, Any]:
-    """``loop`` under ``torch.export``: one ``torchscan_loop`` call on the flat tensors.
-
-    ``protocol`` reads and checks what ``body`` returns; ``never_ends`` is the message for a body
-    that returns no ``until`` where nothing else ends the loop (empty where something does);
+def traced_loop(plan: LoopPlan, check_types: TypeCheck | None = None) -> tuple[Any, Any]:
+    """``loop`` under ``torch.export``: one ``torchscan_loop`` call on the flat tensors;
     ``check_types`` as for :func:`traced_scan`."""
-    flat = _FlatStep(body, protocol, carry_type, never_ends, check_types)
+    flat = _FlatStep(plan.body, plan.protocol, plan.carry, plan.body, plan.never_ends, check_types)
 
     def step(i, *args):
         return flat.flatten(flat.call(i, flat.carry(args)))
@@ -297,7 +291,9 @@ def traced_loop(
     with disable_proxy_modes_tracing():
         i = torch.zeros((), dtype=torch.int64, device=getattr(reference, "device", None))
     flat.probe(step, i, *flat.carries)
+    cond = plan.cond
     if isinstance(cond, bool):
         cond = torch.tensor(cond)
-    out = torchscan_loop(flat.body(step), trip_count, cond, flat.carries, (), flat.has_until)
+    flat.operator = "Loop"
+    out = torchscan_loop(flat.body(step), plan.trip_count, cond, flat.carries, (), flat.has_until)
     return flat.unflatten(out)

@@ -13,8 +13,9 @@ import torch
 
 from torchscan import _checks
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
-from torchscan.theano._args import _API, _as_list, _exporting, _n_steps, _outputs, _sequences
+from torchscan.theano._args import _API, _as_list, _n_steps, _outputs, _sequences
 from torchscan.theano._plan import _Plan
+from torchscan.theano._plan import run as _run_plan
 
 if TYPE_CHECKING:
     from torchscan._typing import OneOutputStep, OneOutputUntilStep, Outputs, SeveralOutputsStep
@@ -229,13 +230,15 @@ def _run(
     seqs = _sequences(sequences)
     outs = _outputs(outputs_info)
     steps, backwards = _n_steps(n_steps, seqs, go_backwards)
-    plan = _Plan(fn, seqs, outs, _as_list(non_sequences), strict)
-    if isinstance(steps, torch.Tensor):  # only while exporting
-        stacked = plan.run_indexed(steps, go_backwards) if seqs else plan.run_as_loop(steps)
-    elif torch.is_grad_enabled() and not _exporting() and 0 <= truncate_gradient < steps:
-        stacked = plan.run_truncated(steps, backwards, int(truncate_gradient))
-    elif not seqs:
-        stacked = plan.run_as_loop(steps)
-    else:
-        stacked = plan.run(plan.initial_states(), plan.sliced(steps, backwards), backwards)
-    return stacked, plan
+    plan = _Plan(
+        fn,
+        tuple(seqs),
+        tuple(outs),
+        tuple(_as_list(non_sequences)),
+        strict,
+        n_steps=steps,
+        backwards=backwards,
+        go_backwards=go_backwards,
+        truncate=int(truncate_gradient),
+    )
+    return _run_plan(plan), plan

@@ -1,0 +1,68 @@
+"""The one place that chooses how a loop runs.
+
+``scan``, ``loop`` and ``theano.scan`` check their arguments once and describe the call in a
+frozen plan (:mod:`torchscan._plan`). :func:`run` chooses a strategy from the plan and the
+context of the call alone (:func:`choose`), and hands the plan to that strategy's runner:
+
+===============  ===============================================================================
+``"traced"``     torch.export traces the model (``torch.onnx.export`` does), or a step runs on
+                 fake tensors for its shapes: one traced operator, ``torchscan_scan`` or
+                 ``torchscan_loop`` (:mod:`torchscan._traced`)
+``"empty"``      no step runs: ``init``, and ``ys`` of length 0 with the shapes one call of the
+                 step gives them (:mod:`torchscan._eager`)
+``"compiled"``   TorchDynamo compiles the call: one loop operator in the compiled graph
+                 (:mod:`torchscan._compiled`)
+``"eager"``      the Python loop, every step checked (:mod:`torchscan._eager`)
+===============  ===============================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from torchscan import _compiled, _eager, _lengths, _outputs, _torch_onnx_hook, _traced
+from torchscan._plan import LoopPlan, ScanPlan
+
+Strategy = Literal["traced", "empty", "compiled", "eager"]
+"""How a loop runs; :func:`choose` picks one for each call."""
+
+
+def choose(plan: ScanPlan | LoopPlan) -> Strategy:
+    """How ``plan`` runs, from the context of the call."""
+    if torch.compiler.is_exporting() or _outputs.probing_shapes():
+        return "traced"
+    compiling = torch.compiler.is_dynamo_compiling()
+    if isinstance(plan, ScanPlan):
+        if plan.length == 0:
+            return "empty"
+        if compiling and plan.loop_operator and plan.direction is not None:
+            return "compiled"
+        return "eager"
+    none = plan.runs_no_iteration()
+    if none is None:  # a tensor decides, read as the Python loop reads it
+        trips, cond = plan.trip_count, plan.cond
+        none = (trips is not None and int(trips) <= 0) or (cond is not None and not bool(cond))
+    if none:
+        return "empty"
+    tensors = isinstance(plan.trip_count, torch.Tensor) or isinstance(plan.cond, torch.Tensor)
+    return "compiled" if compiling and not tensors else "eager"
+
+
+def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
+    """``(carry, ys)`` of the loop ``plan`` describes, run as :func:`choose` says."""
+    strategy = choose(plan)
+    if strategy == "traced":
+        check_types = _torch_onnx_hook.install_if_exporting(plan.protocol.api)
+        if isinstance(plan, ScanPlan):
+            return _traced.traced_scan(plan, check_types)
+        return _traced.traced_loop(plan, check_types)
+    if isinstance(plan, ScanPlan):
+        runner = {"empty": _eager.scan_no_step, "compiled": _compiled.scan, "eager": _eager.scan}
+        carry, ys = runner[strategy](plan)
+        if plan.padded_length is not None:
+            ys = _lengths.extend(plan, ys)
+        return carry, ys
+    runner = {"empty": _eager.loop_no_iteration, "compiled": _compiled.loop, "eager": _eager.loop}
+    return runner[strategy](plan)
