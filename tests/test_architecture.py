@@ -156,3 +156,99 @@ def test_export_options_belong_to_their_context() -> None:
         assert not torchscan.onnx._options.current().hoist_loop_invariants
     assert seen == [True]
     assert torchscan.onnx._options.current().hoist_loop_invariants
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _layer_table() -> list[tuple[str, list[str]]]:
+    """The rows of docs/architecture.md's table of layers, from the top: each layer's name and
+    the paths (relative to the package) of its modules and folders."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("## Layers") :]
+    rows = []
+    for line in section.splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or cells[0] in ("layer", "---") or not line.startswith("|"):
+            continue
+        paths = [p for p in cells[1].split("`")[1::2] if p.endswith((".py", "/"))]
+        rows.append((cells[0], paths))
+    return rows
+
+
+def _layers_of(
+    modules: dict[str, Path], table: list[tuple[str, list[str]]]
+) -> dict[str, tuple[int, str]]:
+    """Each module's layer (its row's position from the top, and its name): the row naming the
+    module's file, else the row naming its innermost folder."""
+    found = {}
+    for name, path in modules.items():
+        relative = path.relative_to(PACKAGE).as_posix()
+        best: tuple[int, int, str] | None = None  # (length of the match, row, layer)
+        for row, (layer, paths) in enumerate(table):
+            for entry in paths:
+                matches = relative == entry if entry.endswith(".py") else relative.startswith(entry)
+                if matches and (best is None or len(entry) > best[0]):
+                    best = (len(entry), row, layer)
+        if best is not None:
+            found[name] = (best[1], best[2])
+    return found
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def test_the_layer_table_lists_every_module_once() -> None:
+    table = _layer_table()
+    assert len(table) >= 8
+    layers = _layers_of(_modules(), table)
+    assert sorted(set(_modules()) - set(layers)) == []
+    listed = [entry for _, paths in table for entry in paths]
+    assert len(listed) == len(set(listed))
+    for entry in listed:  # no row names a module or folder that is not there
+        assert (PACKAGE / entry).exists(), entry
+
+
+def _upward_imports(graph: dict[str, set[str]], layers: dict[str, tuple[int, str]]) -> list[str]:
+    return sorted(
+        f"{module} ({layers[module][1]}) imports {imported} ({layers[imported][1]})"
+        for module, imports in graph.items()
+        for imported in imports
+        if layers[imported][0] < layers[module][0]
+    )
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    assert _upward_imports(_import_graph(), _layers_of(_modules(), _layer_table())) == []
+
+
+def test_the_layer_rule_finds_an_upward_import() -> None:
+    layers = {"a": (0, "top"), "b": (1, "bottom")}
+    assert _upward_imports({"a": {"b"}, "b": set()}, layers) == []
+    assert _upward_imports({"a": set(), "b": {"a"}}, layers) == ["b (bottom) imports a (top)"]
+
+
+EAGER_LAYERS = ("plan and dispatch", "traced operators", "plan", "eager core", "foundation")
+
+
+def test_the_eager_layers_import_neither_onnx_nor_onnxruntime() -> None:
+    layers = _layers_of(_modules(), _layer_table())
+    offenders = []
+    for name, path in _modules().items():
+        if layers[name][1] not in EAGER_LAYERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            offenders += [
+                f"{name}: {n}" for n in names if n.split(".")[0] in ("onnx", "onnxruntime")
+            ]
+    assert offenders == []

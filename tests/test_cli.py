@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +21,38 @@ from onnx import helper as oh
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Options whose runs are made in a process of their own: --module imports the user's module (and
+# puts the folder on sys.path), --timeout stops runs with signals and threads, --version is what
+# ``python -m torchscan`` answers from its entry point.
+OWN_PROCESS = ("--module", "--timeout", "--version")
+
+
 def torchscan(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torchscan", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-    )
+    """``python -m torchscan *args`` in ``cwd``: in a process of its own for the options of
+    :data:`OWN_PROCESS` and without arguments, else ``torchscan._cli.main`` in this process
+    (the same function the entry point calls), with stdout and stderr captured."""
+    argv = [str(a) for a in args]
+    if not argv or any(a in OWN_PROCESS for a in argv):
+        return subprocess.run(
+            [sys.executable, "-m", "torchscan", *argv],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            timeout=timeout,
+        )
+    from torchscan._cli import main
+
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exit:  # argparse's own exits (--help)
+                code = exit.code if isinstance(exit.code, int) else 2
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def scan_model(axis: int = 0) -> onnx.ModelProto:

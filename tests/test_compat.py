@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
+import traceback
 from pathlib import Path
 
 import pytest
@@ -95,7 +97,6 @@ def test_private_module_strings_are_listed() -> None:
     listed = {symbol.module for symbol in _compat.PRIVATE_API}
     for name in (
         _compat.ONNX_EXPORTER_MODULE,
-        _compat.ONNX_OPSET_WARNING[0],
         _compat.ONNX_SIGNATURE_WARNING[0],
     ):
         assert name in listed
@@ -104,9 +105,117 @@ def test_private_module_strings_are_listed() -> None:
     assert _compat.onnx_program().__name__ in listed
 
 
-def test_vmap_s_refusal_of_control_flow_starts_with_the_text_torchscan_reads() -> None:
+# -- text that torch writes and torchscan reads (_compat.TEXT_DEPENDENCIES) --------------------
+
+
+def _vmap_control_flow() -> None:
     """torchscan tells a loop that stops with until under vmap by the start of this message,
     which torch raises from C++."""
     with pytest.raises(RuntimeError) as info:
         torch.func.vmap(lambda x: torch.zeros(()) if bool(x.sum() > 0) else x)(torch.ones(2, 3))
     assert str(info.value).startswith(_compat.VMAP_CONTROL_FLOW_ERROR)
+
+
+class _Reads(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2  # <made>
+        if y.sum() > 0:  # <reads>
+            return y + 1
+        return y
+
+
+def _line(tag: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.endswith(f"# {tag}"))
+
+
+def _stack_trace_frames() -> None:
+    from torchscan._traced._step_errors import _node_frames
+
+    class Made(torch.nn.Module):
+        def forward(self, x):
+            return x * 2  # <made-here>
+
+    program = torch.export.export(Made(), (torch.ones(3),))
+    mul = next(n for n in program.graph.nodes if n.op == "call_function")
+    assert (__file__, _line("<made-here>"), "forward") in _node_frames(mul)
+
+
+def _data_dependent_frames() -> None:
+    from torchscan._compat import GuardOnDataDependentSymNode
+
+    with pytest.raises(GuardOnDataDependentSymNode) as info:
+        torch.export.export(_Reads(), (torch.ones(3),), strict=False)
+    frames = [(s.filename, s.lineno) for s in traceback.extract_tb(info.value.__traceback__)]
+    outside_torch = [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
+    assert outside_torch[-1] == (__file__, _line("<reads>"))
+
+
+def _uncaptured_hop_name() -> None:
+    def prints(x):
+        print("a side effect TorchDynamo cannot trace in a branch")
+        return x.sin()
+
+    with pytest.raises(_compat.uncaptured_operator_error()) as info:
+        torch.cond(torch.tensor(True), prints, lambda x: x.cos(), (torch.ones(2),))
+    assert "Higher Order Operator: torch.cond" in str(info.value)
+
+
+def _linalg_check_api() -> None:
+    class Inverts(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.inv(x)
+
+    program = torch.export.export(Inverts(), (torch.eye(2),)).run_decompositions()
+    effects = [
+        n.args
+        for n in program.graph.nodes
+        if n.op == "call_function" and n.target is torch.ops.higher_order.with_effects
+    ]
+    assert [(a[1], str(a[3]).removeprefix("torch.")) for a in effects] == [
+        (torch.ops.aten._linalg_check_errors.default, "linalg.inv")
+    ]
+
+
+def _in_source(dependency: _compat.TextDependency) -> None:
+    """A log message: the module that logs it still says it."""
+    assert dependency.text in inspect.getsource(importlib.import_module(dependency.source))
+
+
+TEXT_PROBES = {
+    "stack-trace-frames": _stack_trace_frames,
+    "data-dependent-frames": _data_dependent_frames,
+    "uncaptured-hop-name": _uncaptured_hop_name,
+    "linalg-check-api": _linalg_check_api,
+    "vmap-control-flow": _vmap_control_flow,
+    "onnx-signature-warning": _in_source,
+    "unfound-user-code-warning": _in_source,
+}
+
+
+def test_every_text_dependency_has_a_probe() -> None:
+    assert sorted(TEXT_PROBES) == sorted(d.key for d in _compat.TEXT_DEPENDENCIES)
+
+
+@pytest.mark.parametrize("dependency", _compat.TEXT_DEPENDENCIES, ids=lambda d: d.key)
+def test_text_dependency_holds(dependency: _compat.TextDependency) -> None:
+    """torch still writes what torchscan reads; where it does not, this names the entry."""
+    probe = TEXT_PROBES[dependency.key]
+    try:
+        probe(dependency) if probe is _in_source else probe()  # type: ignore[call-arg]
+    except AssertionError as error:
+        raise AssertionError(
+            f"torch {torch.__version__} changed {dependency.source} ({dependency.text}), which "
+            f"{dependency.reader} reads to {dependency.used_for}"
+        ) from error
+
+
+@pytest.mark.parametrize("symbol", _compat.ONNX_REFERENCE_API, ids=lambda s: s.qualified_name)
+def test_onnx_reference_internal_holds(symbol: _compat.PrivateSymbol) -> None:
+    import onnx
+
+    problems = symbol.problems()
+    assert not problems, (
+        f"onnx {onnx.__version__} changed {symbol.qualified_name}, which the check's reference "
+        f"evaluator uses to {symbol.used_for}: " + "; ".join(problems)
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import pickle
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,70 @@ def test_errors_of_every_front_end_are_torchscan_errors(case: str) -> None:
     with pytest.raises(expected) as info:
         run()
     assert isinstance(info.value, TorchscanError)
-    assert str(info.value).startswith("torchscan") or case.startswith("check")
+    assert str(info.value).startswith(f"{APIS[case.partition(':')[0]]}: ")
+
+
+APIS = {
+    "scan": "torchscan.scan",
+    "loop": "torchscan.loop",
+    "theano": "torchscan.theano.scan",
+    "check": "torchscan.onnx.check",
+}
+"""The API each case of :data:`CASES` calls, which its message starts with."""
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_errors_pickle_with_their_class_and_message(case: str) -> None:
+    """multiprocessing, a DataLoader's workers and DDP pass an error to the parent pickled."""
+    run, expected = CASES[case]
+    with pytest.raises(expected) as info:
+        run()
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert type(copy) is type(info.value)
+    assert str(copy) == str(info.value)
+    assert copy.args == info.value.args
+
+
+def _error_classes() -> list[type[TorchscanError]]:
+    import torchscan._traced._body
+    import torchscan._traced._indexing
+    import torchscan.onnx._convert  # noqa: F401 - the modules that define error classes
+
+    found, todo = [], [TorchscanError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo += cls.__subclasses__()
+    return sorted(found, key=lambda c: c.__qualname__)
+
+
+def _instance(cls: type[TorchscanError]) -> TorchscanError:
+    """An instance of ``cls`` as torchscan makes one."""
+    from torchscan._source import StepSource
+    from torchscan._traced._body import InPlaceWrite, Written
+    from torchscan._traced._indexing import DataDependentSlice
+
+    if cls is torchscan.onnx.OpsetConversionError:
+        return cls("Scan", 9, 8, "Scan-8 has no scan_input_axes", node="scan")
+    if cls is DataDependentSlice:
+        return cls("model.py:3", "the shape of y needs it")
+    if cls is InPlaceWrite:
+        step = StepSource.of(lambda c, x: (c, x), "torchscan.scan", "fn")  # holds a lambda
+        return cls(step, [Written(None, "self.count", "add_", " at model.py:4")])
+    return cls("torchscan.scan: a refusal")
+
+
+@pytest.mark.parametrize("cls", _error_classes(), ids=lambda c: c.__qualname__)
+def test_every_error_class_pickles_with_its_message_and_attributes(cls: type) -> None:
+    error = _instance(cls)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert str(copy) == str(error)
+    assert copy.args == error.args
+    # every attribute but a step function that does not pickle (a lambda)
+    assert vars(copy) == {k: v for k, v in vars(error).items() if k != "step"}
+    builtin = next(b for b in cls.__mro__ if b.__module__ == "builtins" and b is not object)
+    assert isinstance(copy, builtin)
 
 
 # Builtin exceptions raised on purpose that are not torchscan's refusals: argparse's own error

@@ -327,7 +327,8 @@ def test_a_loop_that_stops_early_does_not_lower(name: str) -> None:
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.lower_to_torch(export(name))
     assert str(info.value).startswith(
-        "torchscan: a torchscan_loop that may stop early (it has until) cannot become torch's scan"
+        "torchscan.lower_to_torch: a torchscan_loop that may stop early (it has until) cannot "
+        "become torch's scan"
     )
 
 

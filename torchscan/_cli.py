@@ -204,6 +204,7 @@ def _dim(text: str) -> tuple[str, int]:
 
 
 def _check(options: argparse.Namespace) -> int:
+    from torchscan.onnx._check._compare import API as CHECK_API
     from torchscan.onnx._check._compare import RUNTIMES, check
 
     if options.strict and options.allow_single_source:
@@ -242,7 +243,9 @@ def _check(options: argparse.Namespace) -> int:
             strict=not options.allow_single_source,
         )
     except (OSError, ValueError) as error:
-        return _fail(str(error), options.json, EXIT_UNREADABLE)
+        # the command names itself on the line already (``torchscan check: error: ...``)
+        message = str(error).removeprefix(f"{CHECK_API}: ")
+        return _fail(message, options.json, EXIT_UNREADABLE)
     except MemoryError:
         return _fail(
             "out of memory reading or running the model; give dynamic dimensions smaller sizes "

@@ -48,7 +48,6 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = [
     "ONNX_EXPORTER_MODULE",
-    "ONNX_OPSET_WARNING",
     "ONNX_SIGNATURE_WARNING",
     "PRIVATE_API",
     "UNFOUND_USER_CODE_WARNING",
@@ -88,13 +87,6 @@ maybe_run_with_interpreter = _maybe_run_with_interpreter
 
 ONNX_EXPORTER_MODULE = "torch.onnx._internal.exporter._core"
 """torch.onnx's exporter: importing it is when torchscan's translations are installed."""
-
-ONNX_OPSET_WARNING = (
-    "torch.onnx._internal.exporter._compat",
-    "Setting ONNX exporter to use operator set version",
-)
-"""The logger and the start of torch.onnx's warning that a model asked below opset 18 may stay at
-opset 18, which torchscan's conversion makes untrue."""
 
 UNFOUND_USER_CODE_WARNING = (
     "torch.fx.experimental.symbolic_shapes",
@@ -265,6 +257,11 @@ def onnx_dispatching() -> ModuleType:
     return importlib.import_module("torch.onnx._internal.exporter._dispatching")
 
 
+def onnx_default_opset() -> int:
+    """The opset ``torch.onnx.export`` targets when the call names no ``opset_version``."""
+    return importlib.import_module("torch.onnx._constants").ONNX_DEFAULT_OPSET
+
+
 def onnx_registration() -> ModuleType:
     """torch.onnx's registry of translations: ``ONNXRegistry`` and ``OnnxDecompMeta``."""
     return importlib.import_module("torch.onnx._internal.exporter._registration")
@@ -337,6 +334,11 @@ _PROXY = "torch.fx.experimental.proxy_tensor"
 _ONNX = "torch.onnx._internal.exporter"
 
 PRIVATE_API: tuple[PrivateSymbol, ...] = (
+    PrivateSymbol(
+        "torch.onnx._constants",
+        "ONNX_DEFAULT_OPSET",
+        "know the opset an export targets when the call names none",
+    ),
     # sizes
     PrivateSymbol(
         "torch.utils._sympy.value_ranges",
@@ -539,12 +541,6 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         fields=("onnx_function", "fx_target", "signature", "is_custom", "skip_signature_inference"),
     ),
     PrivateSymbol(
-        ONNX_OPSET_WARNING[0],
-        "logger",
-        "silence the warning that a model below opset 18 may stay at 18",
-        source_text=ONNX_OPSET_WARNING[1],
-    ),
-    PrivateSymbol(
         UNFOUND_USER_CODE_WARNING[0],
         "log",
         "silence the warning of a step that reads tensor values, called on fake tensors",
@@ -558,3 +554,129 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     ),
 )
 """Every private symbol of torch that torchscan uses, with what it relies on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDependency:
+    """Text that torch writes and torchscan reads: a message, or the layout of the frames or
+    stack traces it records. No signature check can see such a change, so each one is produced
+    from the installed torch by a test of its own (``tests/test_compat.py``, keyed by ``key``),
+    which fails naming this entry where torch words it otherwise.
+
+    ``source`` is where torch writes it, ``text`` what torchscan relies on, ``reader`` the
+    function of torchscan that reads it and ``used_for`` what for."""
+
+    key: str
+    source: str
+    text: str
+    reader: str
+    used_for: str
+
+
+TEXT_DEPENDENCIES: tuple[TextDependency, ...] = (
+    TextDependency(
+        "stack-trace-frames",
+        "torch.fx.Node.meta['stack_trace'], recorded by torch.export",
+        'one line per frame, File "<file>", line <line>, in <function>, innermost last',
+        "torchscan._traced._step_errors.where",
+        "name the line of the step function that made a node torch.onnx cannot translate",
+    ),
+    TextDependency(
+        "data-dependent-frames",
+        "torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode, raised by a guard",
+        "its traceback holds the user's frame that read the value, torch's frames after it",
+        "torchscan._traced._step_errors.data_dependent",
+        "name the line of a step that reads a tensor's value in Python while exported",
+    ),
+    TextDependency(
+        "uncaptured-hop-name",
+        "torch._dynamo.exc.UncapturedHigherOrderOpError",
+        "its message holds 'Higher Order Operator: torch.cond'",
+        "torchscan._traced._step_errors.uncaptured_cond",
+        "tell a torch.cond whose branches TorchDynamo could not trace from other operators",
+    ),
+    TextDependency(
+        "linalg-check-api",
+        "torch.ops.higher_order.with_effects(token, aten._linalg_check_errors, info, api, ...)",
+        "the node's args[3] is the function the user called ('linalg.inv' or 'torch.linalg.inv')",
+        "torchscan._traced._step_errors.refuse_side_effects",
+        "name the linear-algebra function whose error check cannot be exported in a loop",
+    ),
+    TextDependency(
+        "vmap-control-flow",
+        "torch.func.vmap, bool() of a batched tensor (C++)",
+        VMAP_CONTROL_FLOW_ERROR,
+        "torchscan._steps",
+        "refuse a loop that stops with until under vmap, with a remedy",
+    ),
+    TextDependency(
+        "onnx-signature-warning",
+        ONNX_SIGNATURE_WARNING[0],
+        ONNX_SIGNATURE_WARNING[1],
+        "torchscan.onnx._hooks._drop_signature_warning",
+        "silence the warning that torchscan's translations take no ONNX signature",
+    ),
+    TextDependency(
+        "unfound-user-code-warning",
+        UNFOUND_USER_CODE_WARNING[0],
+        UNFOUND_USER_CODE_WARNING[1],
+        "torchscan._outputs",
+        "silence the warning of a step that reads tensor values, called on fake tensors",
+    ),
+)
+"""Every message and frame layout of torch that torchscan reads, with what it relies on."""
+
+_REFERENCE = "onnx.reference"
+
+ONNX_REFERENCE_API: tuple[PrivateSymbol, ...] = (
+    PrivateSymbol(
+        f"{_REFERENCE}.op_run",
+        "OpRun",
+        "write operators for the check's reference evaluator (new_ops=)",
+        source_text="def need_context",
+    ),
+    PrivateSymbol(
+        f"{_REFERENCE}.op_run",
+        "OpRun._load_attributes",
+        "run the body of a Scan or Loop (the method _run_body that it makes for a graph "
+        "attribute) with the enclosing graph's values",
+        source_text='f"_run_{att.name}"',
+    ),
+    PrivateSymbol(
+        f"{_REFERENCE}.op_run",
+        "OpRun",
+        "read the evaluator's opsets (run_params['opsets']) to run Scan-8 as Scan-8",
+        source_text="self.run_params",
+    ),
+    PrivateSymbol(
+        f"{_REFERENCE}.ops.op_loop",
+        "Loop._run",
+        "run Loop as the specification does (a subclass replaces _run)",
+        ("self", "M", "cond", "context", "attributes"),
+    ),
+    PrivateSymbol(
+        f"{_REFERENCE}.ops.op_loop",
+        "Loop",
+        "read the numbers of carried values and scan outputs of a Loop (self.N, self.K)",
+        source_text="self.K",
+    ),
+    PrivateSymbol(
+        f"{_REFERENCE}.ops.op_reduce_log_sum_exp",
+        "ReduceLogSumExp_18",
+        "give a row of -inf the ReduceLogSumExp of -inf",
+    ),
+    PrivateSymbol(
+        f"{_REFERENCE}.ops.op_gather_elements",
+        "GatherElements._run",
+        "run GatherElements along every axis",
+        ("self", "data", "indices", "axis"),
+    ),
+    PrivateSymbol(
+        f"{_REFERENCE}.ops.op_scatter_elements",
+        "ScatterElements._run",
+        "run Scatter (opsets 9 and 10) as ScatterElements",
+        ("self", "data", "indices", "updates", "axis"),
+    ),
+)
+"""The internals of onnx's reference evaluator that the check tool builds on (its operators are
+subclasses of ``OpRun``), checked against the installed onnx like :data:`PRIVATE_API`."""

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-from torchscan import _compiled, _eager, _lengths, _outputs, _torch_onnx_hook, _traced
+from torchscan import _compiled, _eager, _outputs, _torch_onnx_hook, _traced
 from torchscan._plan import LoopPlan, ScanPlan
 
 Strategy = Literal["traced", "empty", "compiled", "eager"]
@@ -55,14 +55,17 @@ def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
     strategy = choose(plan)
     if strategy == "traced":
         check_types = _torch_onnx_hook.install_if_exporting(plan.protocol.api)
-        if isinstance(plan, ScanPlan):
-            return _traced.traced_scan(plan, check_types)
-        return _traced.traced_loop(plan, check_types)
+        try:
+            if isinstance(plan, ScanPlan):
+                return _traced.traced_scan(plan, check_types)
+            return _traced.traced_loop(plan, check_types)
+        except _traced.DataDependentSlice as refusal:  # raised where the API is not known
+            raise refusal.from_api(plan.protocol.api) from refusal.__cause__
     if isinstance(plan, ScanPlan):
         runner = {"empty": _eager.scan_no_step, "compiled": _compiled.scan, "eager": _eager.scan}
         carry, ys = runner[strategy](plan)
         if plan.padded_length is not None:
-            ys = _lengths.extend(plan, ys)
+            ys = _outputs.extend(ys, plan.out, plan.padded_length - plan.length)
         return carry, ys
     runner = {"empty": _eager.loop_no_iteration, "compiled": _compiled.loop, "eager": _eager.loop}
     return runner[strategy](plan)

@@ -14,6 +14,10 @@ that succeeds, but whose model will not run where users are likely to run it.
 
 from __future__ import annotations
 
+import contextlib
+import pickle
+from collections.abc import Iterator
+
 __all__ = [
     "ExportError",
     "TorchscanError",
@@ -40,6 +44,30 @@ class TorchscanError(Exception):
     @args.setter
     def args(self, value: tuple[object, ...]) -> None:
         pass
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt without calling ``__init__`` (whose parameters differ between classes), with
+        # the message and the attributes that pickle: an error raised in a worker process
+        # (multiprocessing, DataLoader, DDP) reaches the parent as what it is. An attribute
+        # that does not pickle (the user's step function, a lambda) is left out.
+        state = {}
+        for name, value in vars(self).items():
+            try:
+                pickle.dumps(value)
+            except Exception:
+                continue
+            state[name] = value
+        return (_rebuild, (type(self), BaseException.args.__get__(self), state))  # type: ignore[attr-defined]
+
+
+def _rebuild(
+    cls: type[TorchscanError], args: tuple[object, ...], state: dict[str, object]
+) -> TorchscanError:
+    """An error of class ``cls`` with ``args`` and the attributes ``state``, as pickled."""
+    error = cls.__new__(cls)
+    BaseException.args.__set__(error, args)  # type: ignore[attr-defined]
+    vars(error).update(state)
+    return error
 
 
 class TorchscanTypeError(TorchscanError, TypeError):
@@ -68,3 +96,17 @@ class TorchscanWarning(UserWarning):
     model a common runtime will not run as it is (the message says which, and what to do)."""
 
     __module__ = "torchscan"
+
+
+@contextlib.contextmanager
+def from_api(api: str) -> Iterator[None]:
+    """Start the message of a :class:`TorchscanError` raised inside with ``api: `` (where it does
+    not already): for functions whose errors are raised by shared helpers, which do not know the
+    API they serve."""
+    try:
+        yield
+    except TorchscanError as error:
+        message = str(error)
+        if not message.startswith(f"{api}: "):
+            BaseException.args.__set__(error, (f"{api}: {message}",))  # type: ignore[attr-defined]
+        raise

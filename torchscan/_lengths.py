@@ -91,23 +91,6 @@ def masked(plan: ScanPlan, lengths: Any, batch_axis: int) -> ScanPlan:
     )
 
 
-def extend(plan: ScanPlan, ys: Any) -> Any:
-    """``ys`` extended by zeros to the padded length, where the positions past the longest
-    example were not run."""
-    missing = plan.padded_length - plan.length
-    if not missing:
-        return ys
-    leaves, spec = _pytree.tree_flatten(ys)
-    axes = plan.out.axes(ys)
-    return _pytree.tree_unflatten(
-        [
-            y if y is None else _extend(y, a % y.ndim, missing)
-            for y, a in zip(leaves, axes, strict=True)
-        ],
-        spec,
-    )
-
-
 def _unpadded(
     leaf: torch.Tensor, axis: int, lengths: torch.Tensor, batch_axis: int
 ) -> torch.Tensor:
@@ -153,12 +136,6 @@ def _full_axis(step_axis: int, scan_axis: int) -> int:
 def _along(values: torch.Tensor, rank: int, axis: int) -> torch.Tensor:
     """The 1-d ``values`` laid along ``axis`` of a tensor of rank ``rank``."""
     return values[(*[None] * axis, slice(None), *[None] * (rank - axis - 1))]
-
-
-def _extend(y: torch.Tensor, axis: int, missing: int) -> torch.Tensor:
-    shape = list(y.shape)
-    shape[axis] = missing
-    return torch.cat([y, y.new_zeros(shape)], dim=axis)
 
 
 def _check_lengths(api: str, lengths: Any, plan: ScanPlan) -> tuple[torch.Tensor, int | None]:

@@ -263,3 +263,25 @@ def _empty_stack(fake: torch.Tensor, axis: int) -> torch.Tensor:
     shape = list(fake.shape)
     shape.insert(axis % (fake.ndim + 1), 0)
     return torch.empty(shape, dtype=fake.dtype, device=fake.device)
+
+
+def extend(ys: Any, out: OutLayout, missing: int) -> Any:
+    """``ys`` extended by ``missing`` zeros along each leaf's stacking axis (``out``): the
+    positions of a padded batch past its longest example, where no step ran."""
+    if not missing:
+        return ys
+    leaves, spec = _pytree.tree_flatten(ys)
+    axes = out.axes(ys)
+    return _pytree.tree_unflatten(
+        [
+            y if y is None else _zeros_after(y, a % y.ndim, missing)
+            for y, a in zip(leaves, axes, strict=True)
+        ],
+        spec,
+    )
+
+
+def _zeros_after(y: torch.Tensor, axis: int, missing: int) -> torch.Tensor:
+    shape = list(y.shape)
+    shape[axis] = missing
+    return torch.cat([y, y.new_zeros(shape)], dim=axis)

@@ -474,8 +474,11 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     spread = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     try:
         return spread.copy_(t)
-    except RuntimeError:  # under torch.func.vmap: a copy of a batched tensor must be batched
-        return t.clone()
+    except RuntimeError:
+        # under torch.func.vmap a copy of a batched tensor must be batched: a batched buffer
+        # (new_zeros is batched like t) viewed with t's strides, so that a reduction over the
+        # copy adds in the order it adds over t, as the Python loop's step does
+        return t.new_zeros(extent).as_strided(t.shape, t.stride(), 0).copy_(t)
 
 
 def _extent(t: torch.Tensor) -> int | None:

@@ -67,9 +67,9 @@ def patch_at_import() -> bool:
     if value.strip().lower() in _OFF:
         return False
     raise TorchscanValueError(
-        f"torchscan: {ENVIRONMENT_VARIABLE}={value!r} is not a value torchscan knows. Set it to 0 "
-        "(or false, no, off) for import torchscan to leave torch.onnx as it is, or to 1 (or true, "
-        "yes, on; the default) for it to install its hooks in torch.onnx."
+        f"import torchscan: {ENVIRONMENT_VARIABLE}={value!r} is not a value torchscan knows. "
+        "Set it to 0 (or false, no, off) for import torchscan to leave torch.onnx as it is, or "
+        "to 1 (or true, yes, on; the default) for it to install its hooks in torch.onnx."
     )
 
 
@@ -174,7 +174,9 @@ def _export_with_hooks(export: Callable[..., Any], args: Sequence[Any], kwargs: 
             # torch.onnx's public way in; the user's own entries win
             user_table = kwargs.get("custom_translation_table") or {}
             kwargs["custom_translation_table"] = {**hooks.translations(), **user_table}
-        target = _target_opset.set(kwargs.get("opset_version") or _DEFAULT_OPSET)
+        target = _step_errors.target_opset.set(
+            kwargs.get("opset_version") or _compat.onnx_default_opset()
+        )
         try:
             return export(*args, **kwargs)
         except Exception as error:
@@ -182,7 +184,7 @@ def _export_with_hooks(export: Callable[..., Any], args: Sequence[Any], kwargs: 
             if cause is None or cause is error:
                 raise
         finally:
-            _target_opset.reset(target)
+            _step_errors.target_opset.reset(target)
         # torch.onnx wraps what failed while tracing in its own error after trying other
         # strategies; torchscan's message already says what is wrong and what to do. Raised
         # outside the handler, so that torch.onnx's error, which holds the refusal, does not
@@ -234,14 +236,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-_DEFAULT_OPSET = -1
-"""What the wrapper records when the call names no ``opset_version``: torch.onnx's default."""
-
-_target_opset = _step_errors.onnx_export_opset
-"""The ``opset_version`` of the ``torch.onnx.export`` call in progress through the wrapper or
-:func:`export`, which the traced operators read too."""
-
-
 def install_if_exporting(api: str) -> Callable[[str, Sequence[tuple[str, Any]]], None] | None:
     """Make sure the hooks are in place when a scan or loop is traced by ``torch.onnx.export``
     (torch.onnx may have loaded its exporter in a way the import hook did not see), and return
@@ -252,15 +246,15 @@ def install_if_exporting(api: str) -> Callable[[str, Sequence[tuple[str, Any]]],
     (``_traced._step_errors.refuse_without_onnx_hooks``)."""
     if not torch.onnx.is_in_onnx_export():
         return None
-    opset = _target_opset.get()
+    opset = _step_errors.target_opset.get()
     if opset is None and not _installed:
         return None
     install_onnx_hooks()
     if opset is None:
         return None
-    from torchscan.onnx import _hooks
+    from torchscan.onnx import _element_types
 
-    return functools.partial(_hooks.check_leaf_types, api, None if opset < 0 else opset)
+    return functools.partial(_element_types.check_leaf_types, api, opset)
 
 
 def install_onnx_hooks() -> ModuleType:

@@ -149,3 +149,28 @@ def test_names_in_the_branches_of_a_guarded_scan_are_unique(opset: int) -> None:
         for actual in run_onnxruntime(model, inputs(t)).values():
             for a, e in zip(actual, expected, strict=True):
                 np.testing.assert_array_equal(a, e)
+
+
+def test_vmap_of_a_reduction_over_a_middle_axis_slice_adds_as_the_python_loop() -> None:
+    """Under vmap, the first step's copy of a slice of a scan over a middle axis was dense, so
+    that its sum added in another order than the Python loop's (a difference of 1e-14 in
+    float64, which vmap of the loop does not have)."""
+
+    def step(c, x):
+        return torch.tanh(0.5 * c + x[2].sum().to(torch.float64)), c
+
+    def loop(init, xs):
+        c, ys = init, []
+        for t in range(xs[0].shape[1]):
+            c, y = step(c, tuple(x[:, t] for x in xs))
+            ys.append(y)
+        return c, torch.stack(ys, dim=1)  # stacked along the scanned axis
+
+    torch.manual_seed(0)
+    torch.randn(3, 3)
+    init = torch.randn(2, 2, 3, dtype=torch.float64)
+    xs = (torch.randn(2, 3, 5), torch.randn(2, 3, 5), torch.randn(2, 2, 5, 3))  # vmapped: 2
+    actual = torch.func.vmap(lambda h, x: torchscan.scan(step, h, x, axis=1))(init, xs)
+    expected = torch.func.vmap(loop)(init, xs)
+    for a, e in zip(actual, expected, strict=True):
+        assert torch.equal(a, e)

@@ -26,9 +26,48 @@ OPSETS = [
     if str(opset) in os.environ.get("TORCHSCAN_TEST_OPSETS", "").split(",")
     or not os.environ.get("TORCHSCAN_TEST_OPSETS")
 ]
-"""The opsets every test model is exported at: all of them, or those that the environment
+"""The opsets test models are exported at: all of them, or those that the environment
 variable ``TORCHSCAN_TEST_OPSETS`` lists (``8,9,13,18,25``), which CI sets for the other torch
 releases to keep its run short."""
+
+EVERY_PAIR = os.environ.get("TORCHSCAN_TEST_ALL_OPSETS", "") not in ("", "0")
+"""Whether every case is exported at every opset (``TORCHSCAN_TEST_ALL_OPSETS=1``), rather
+than at the sample of :func:`opset_pairs`."""
+
+
+def opset_pairs(
+    names: list[str], opsets: list[int] | tuple[int, ...] = (), per_case: int | None = None
+) -> list[tuple[str, int]]:
+    """The ``(case, opset)`` points the export tests run: every one of ``opsets`` (default
+    :data:`OPSETS`) for every case with ``TORCHSCAN_TEST_ALL_OPSETS=1``; else for each case the
+    oldest opset, 18 (what torch.onnx builds, converted by nothing) and the newest, and one
+    more in turn, so that every opset is exported by some cases and every case at its extremes.
+    With ``per_case``, each case gets that many of ``opsets`` in turn instead (each opset is
+    then exported by a share of the cases)."""
+    allowed = sorted(opsets or OPSETS)
+    if EVERY_PAIR:
+        return [(name, opset) for name in names for opset in allowed]
+    if per_case is not None:
+        return [
+            (name, opset)
+            for index, name in enumerate(names)
+            for opset in sorted(
+                {allowed[(index * per_case + k) % len(allowed)] for k in range(per_case)}
+            )
+        ]
+    fixed = sorted({allowed[0], allowed[-1], *(o for o in allowed if o == 18)})
+    rest = [o for o in allowed if o not in fixed]
+    pairs = []
+    for index, name in enumerate(names):
+        chosen = [*fixed, rest[index % len(rest)]] if rest else fixed
+        pairs += [(name, opset) for opset in sorted(chosen)]
+    return pairs
+
+
+def pair_ids(pairs: list[tuple[str, int]]) -> list[str]:
+    return [f"{name}-{opset}" for name, opset in pairs]
+
+
 """Every opset whose Scan or Loop differs from the one before, and 13 and 17 (below 18, where
 torch.onnx builds nothing itself)."""
 

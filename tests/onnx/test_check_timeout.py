@@ -173,10 +173,11 @@ def test_an_error_of_a_source_under_a_time_limit_is_raised_as_is() -> None:
 
 @pytest.mark.parametrize("timeout", [0, -1, float("inf"), float("nan"), "5", True])
 def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout: object) -> None:
-    with pytest.raises(ValueError, match=r"^timeout must be") as raised:
+    with pytest.raises(ValueError, match=r"^torchscan\.onnx\.check: timeout must be") as raised:
         torchscan.onnx.check(spinning_loop(), timeout=timeout)
     assert str(raised.value) == (
-        f"timeout must be a finite number of seconds greater than 0, or None, not {timeout!r}"
+        f"torchscan.onnx.check: timeout must be a finite number of seconds greater than 0, or "
+        f"None, not {timeout!r}"
     )
 
 

@@ -331,9 +331,9 @@ def test_dimensions_that_are_not_scanned_together_get_sizes_of_their_own() -> No
     ids=["two-names", "static"],
 )
 def test_dims_that_break_a_scan_are_refused(model, dims: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=r"^dims sets ") as raised:
+    with pytest.raises(ValueError, match=r"^torchscan\.onnx\.check: dims sets ") as raised:
         torchscan.onnx.check(model(), dims=dims)
-    assert str(raised.value) == message
+    assert str(raised.value) == f"torchscan.onnx.check: {message}"
 
 
 def test_random_inputs_are_arrays_even_scalars_and_a_bool_scalar_is_true() -> None:
@@ -632,6 +632,9 @@ def _files(tmp_path: Path) -> dict[str, Path]:
     return {name: tmp_path / name for name in [*files, *more]}
 
 
+INTERNAL = {"pb file of a sparse tensor", "random sparse tensor"}
+"""The cases of :data:`CHECK_ERRORS` that call the check's helpers, not the public function."""
+
 CHECK_ERRORS: dict[str, tuple[Callable[[dict], object], type, str]] = {
     "missing model": (
         lambda f: torchscan.onnx.check(f["folder"] / "nope.onnx"),
@@ -896,6 +899,8 @@ def test_bad_input_raises_a_clear_error(case: str, tmp_path: Path) -> None:
     expected = message
     for name, path in files.items():
         expected = expected.replace("{" + name + "}", str(path))
+    if issubclass(error, (ValueError, TypeError)) and case not in INTERNAL:
+        expected = f"torchscan.onnx.check: {expected}"  # torchscan's own: named by the API
     with pytest.raises(error) as raised:
         call(files)
     assert str(raised.value).startswith(expected)
@@ -910,10 +915,11 @@ def test_a_random_input_that_does_not_fit_in_memory_is_refused(monkeypatch) -> N
         return allocate(dtype, shape, rng)
 
     monkeypatch.setattr(_random, "_random_array", exhausted)
-    with pytest.raises(ValueError, match=r"^random input 'x0', ") as raised:
+    with pytest.raises(ValueError, match=r"^torchscan\.onnx\.check: random input 'x0', ") as raised:
         torchscan.onnx.check(_scan_over(("T", 2)), dims={"T": 10**6})
     assert str(raised.value) == (
-        "random input 'x0', float32[1000000, 2], does not fit in memory; give its dynamic "
+        "torchscan.onnx.check: random input 'x0', float32[1000000, 2], does not fit in memory; "
+        "give its dynamic "
         "dimensions smaller sizes with dims (--dim NAME=SIZE)"
     )
 
@@ -934,7 +940,10 @@ def test_a_bad_dimension_size_is_refused(dims: dict, message: str) -> None:
         [oh.make_tensor_value_info("y", TensorProto.FLOAT, ("N",))],
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
-    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValueError,
+        match="^torchscan\\.onnx\\.check: " + message.replace("(", r"\(").replace(")", r"\)"),
+    ):
         torchscan.onnx.check(model, dims=dims)
 
 
@@ -947,7 +956,9 @@ def test_an_input_without_a_shape_cannot_be_made_up() -> None:
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
     with pytest.raises(
-        ValueError, match=r"^input 'x' has no shape \(not even a rank\): give its values$"
+        ValueError,
+        match=r"^torchscan\.onnx\.check: input 'x' has no shape \(not even a rank\): give its "
+        r"values$",
     ):
         torchscan.onnx.check(model)
 

@@ -462,12 +462,14 @@ def real_model(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 REAL_REFUSALS = {
     # x >= y is GreaterOrEqual, whose ONNX definition needs Equal; without IsNaN, Equal on
     # floats cannot tell NaN apart
-    ("misc", 8): "torchscan: cannot convert Equal (node 'node_ge_Equal') from opset 11 to opset "
+    ("misc", 8): "torch.onnx.export: cannot convert Equal (node 'node_ge_Equal') from opset 11 to "
+    "opset "
     "10: comparing float values exactly needs IsNaN, which exists from opset 9 on. Export with a "
     "newer opset_version (at opset 11 this Equal is kept as it is), or compute it in the step "
     "with operators that opset 10 has.",
     # GELU is x * (1 + erf(x / sqrt 2)) / 2, and no opset-8 operator computes erf
-    ("gelu", 8): "torchscan: cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf "
+    ("gelu", 8): "torch.onnx.export: cannot convert Erf (node 'node_Erf_2') from opset 9 to opset "
+    "8: Erf "
     "does not exist before opset 9 and its inputs are not constants. Export with a newer "
     "opset_version (at opset 9 this Erf is kept as it is), or compute it in the step with "
     "operators that opset 8 has.",
@@ -753,4 +755,81 @@ def test_an_adapter_is_registered_once_per_domain_operator_and_version() -> None
     assert len(registry) == 4
     with pytest.raises(torchscan.TorchscanValueError) as info:
         registry.add("ai.onnx", "Bar", 9, adapter)
-    assert str(info.value) == ("torchscan: an adapter is already registered for ('', 'Bar', 9)")
+    assert str(info.value) == (
+        "torchscan.onnx: an adapter is already registered for ('', 'Bar', 9)"
+    )
+
+
+def test_every_registered_adapter_is_at_a_version_onnx_defines() -> None:
+    """An adapter for ``(domain, op, b)`` crosses the boundary where version ``b`` of ``op``
+    starts: onnx.defs has a schema of ``op`` whose since version is ``b``, and one before it
+    (or none, for an operator that version ``b`` introduced)."""
+    from torchscan.onnx._convert._registry import registry
+
+    assert len(registry) > 50
+    wrong = []
+    for domain, op, since in registry:
+        try:
+            schema = onnx.defs.get_schema(op, since, domain)
+        except onnx.defs.SchemaError:
+            wrong.append((domain, op, since, "no schema"))
+            continue
+        if schema.since_version != since:
+            wrong.append((domain, op, since, f"version in force is {schema.since_version}"))
+    assert wrong == []
+
+
+def _emitted_ops() -> set[str]:
+    """The default-domain operators that torchscan's own code builds nodes of: the translations,
+    the passes and the adapters (as they name them in ``make_node("Op", ...)``,
+    ``ir.node("Op", ...)`` and ``ir.Node("", "Op", ...)``)."""
+    import re
+    from pathlib import Path
+
+    import torchscan.onnx
+
+    root = Path(torchscan.onnx.__file__).parent
+    found: set[str] = set()
+    for path in [*root.glob("*.py"), *root.glob("_convert/*.py")]:
+        text = path.read_text()
+        found |= set(re.findall(r'(?:make_node|ir\.node|_node)\(\s*"([A-Z][A-Za-z]+)"', text))
+        found |= set(re.findall(r'ir\.Node\(\s*"",\s*"([A-Z][A-Za-z]+)"', text))
+    return found
+
+
+REFUSED_BELOW_FIRST_VERSION = {"IsNaN": 9}
+"""Operators torchscan emits that have no form before their first version: converting a model
+that holds one below it is refused, naming the operator (an IsInf adapter emits IsNaN, so
+IsInf is refused at opset 8)."""
+
+
+def test_every_operator_torchscan_emits_converts_below_its_first_version_or_is_refused() -> None:
+    from torchscan.onnx._convert._registry import registry
+
+    emitted = _emitted_ops()
+    assert {"Scan", "Loop", "If", "Reshape", "ConstantOfShape"} <= emitted
+    first = {
+        op: min(
+            s.since_version
+            for s in onnx.defs.get_all_schemas_with_history()
+            if s.name == op and s.domain == ""
+        )
+        for op in emitted
+    }
+    unadapted = {
+        op: since
+        for op, since in first.items()
+        if since > 8 and registry.lookup("", op, since) is None
+    }
+    assert unadapted == REFUSED_BELOW_FIRST_VERSION
+    for op, since in REFUSED_BELOW_FIRST_VERSION.items():
+        graph = oh.make_graph(
+            [oh.make_node(op, ["x"], ["y"], name="the_node")],
+            "g",
+            [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+            [oh.make_tensor_value_info("y", onnx.TensorProto.BOOL, [2])],
+        )
+        model = ir.from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+        with pytest.raises(torchscan.onnx.OpsetConversionError) as info:
+            convert_model(model, since - 1)
+        assert (info.value.op, info.value.node) == (op, "the_node")

@@ -224,7 +224,8 @@ def test_gather_nd_with_tuples_of_unknown_length_is_refused() -> None:
     with pytest.raises(torchscan.onnx.OpsetConversionError) as raised:
         converted(model, 10)
     assert str(raised.value) == (
-        "torchscan: cannot convert GatherND from opset 11 to opset 10: the length of its index "
+        "torch.onnx.export: cannot convert GatherND from opset 11 to opset 10: the length of its "
+        "index "
         "tuples, the last dimension of 'indices', is not known before run time. Export with a "
         "newer opset_version (at opset 11 this GatherND is kept as it is), or compute it in the "
         "step with operators that opset 10 has."

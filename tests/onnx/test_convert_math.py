@@ -130,7 +130,8 @@ def test_mod_without_an_exact_form_is_refused(elem: int, fmod: int, reason: str)
     with pytest.raises(torchscan.onnx.OpsetConversionError) as raised:
         converted(model, 9)
     assert str(raised.value) == (
-        f"torchscan: cannot convert Mod from opset 10 to opset 9: {reason}. Export with a newer "
+        f"torch.onnx.export: cannot convert Mod from opset 10 to opset 9: {reason}. Export with a "
+        f"newer "
         "opset_version (at opset 10 this Mod is kept as it is), or compute it in the step with "
         "operators that opset 9 has."
     )
@@ -219,7 +220,8 @@ def test_einsum_without_a_decomposition_is_refused(equation, shapes, reason) -> 
     with pytest.raises(torchscan.onnx.OpsetConversionError) as raised:
         converted(model, 11)
     assert str(raised.value) == (
-        f"torchscan: cannot convert Einsum from opset 12 to opset 11: {reason}. Export with a "
+        f"torch.onnx.export: cannot convert Einsum from opset 12 to opset 11: {reason}. Export "
+        f"with a "
         "newer opset_version (at opset 12 this Einsum is kept as it is), or compute it in the "
         "step with operators that opset 11 has."
     )

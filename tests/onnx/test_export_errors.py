@@ -19,7 +19,7 @@ import torchscan
 import torchscan.onnx
 import torchscan.theano
 from torchscan.onnx._convert import OpsetConversionError
-from torchscan.onnx._hooks import check_loop_types
+from torchscan.onnx._element_types import check_loop_types
 
 from .._export import onnx_export
 from ._runtimes import assert_outputs_close, eager_outputs, run_onnxruntime
@@ -310,8 +310,16 @@ def test_type_refusals_name_the_leaf_by_its_path(xs_type, y_type, leaf: str) -> 
     assert str(info.value) == type_refusal("torchscan.scan", leaf, "bfloat16", "Scan", 13, 11, 16)
 
 
-def test_type_refusals_check_against_the_default_opset() -> None:
-    """An export that names no opset gets torch.onnx's, 18: float8 needs 19."""
+def test_an_export_that_names_no_opset_is_checked_at_torch_onnx_s_default(monkeypatch) -> None:
+    """An export that names no opset gets torch.onnx's default (20 in torch 2.13), where Scan
+    allows float8; the types are checked against that default, resolved once per export."""
+    from torchscan import _compat
+
+    default = _compat.onnx_default_opset()
+    assert default >= 19
+    model = export(Identity(torch.float8_e5m2), opset=None).model_proto
+    assert [o.version for o in model.opset_import if o.domain == ""] == [default]
+    monkeypatch.setattr(_compat, "onnx_default_opset", lambda: 18)
     with pytest.raises(torchscan.ExportError) as info:
         export(Identity(torch.float8_e5m2), opset=None)
     assert str(info.value) == type_refusal(
@@ -389,7 +397,8 @@ def test_hand_built_loops_are_checked_against_their_version(op: str, elem_type: 
         check_loop_types(hand_built(op, elem_type, first - 1), first - 1)
     name = ir.DataType(elem_type).name.lower()
     assert str(info.value).startswith(
-        f"torchscan: the {op} node 'the_loop' has initial carried value 0, tensor 'state', of "
+        f"torch.onnx.export: the {op} node 'the_loop' has initial carried value 0, tensor "
+        f"'state', of "
         f"element type {name}, which {op}-"
     )
     assert f"the first opset that allows it is {first}." in str(info.value)
@@ -470,7 +479,8 @@ class GRUThenGelu(torch.nn.Module):
     [
         (
             GRUThenGelu, 8,
-            "torchscan: cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: Erf "
+            "torch.onnx.export: cannot convert Erf (node 'node_Erf_2') from opset 9 to opset 8: "
+            "Erf "
             "does not exist before opset 9 and its inputs are not constants. Export with a newer "
             "opset_version (at opset 9 this Erf is kept as it is), or compute it in the step "
             "with operators that opset 8 has.",

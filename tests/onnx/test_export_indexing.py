@@ -25,6 +25,7 @@ import torchscan
 from torchscan._traced._indexing import BodyIndexing, DataDependentSlice
 
 from .._export import onnx_export
+from ._roundtrip import opset_pairs
 from ._runtimes import assert_outputs_close, eager_outputs, nodes, run_onnxruntime
 
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
@@ -152,9 +153,19 @@ def exported():
     return get
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("kind", ["loop", "scan"])
-@pytest.mark.parametrize("name", list(IDIOMS))
+# each idiom in a loop and in a scan, at two of OPSETS in turn (all of them with
+# TORCHSCAN_TEST_ALL_OPSETS=1)
+POINTS = [
+    (*case.split("/"), opset)
+    for case, opset in opset_pairs(
+        [f"{name}/{kind}" for name in IDIOMS for kind in ("loop", "scan")], OPSETS, per_case=2
+    )
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "opset"), POINTS, ids=["-".join(map(str, p)) for p in POINTS]
+)
 def test_onnxruntime_equals_eager(exported, name: str, kind: str, opset: int) -> None:
     model, proto = exported(name, kind, opset)
     op_types = [node.op_type for node, _ in nodes(proto.graph)]
@@ -428,8 +439,8 @@ def _export_loop(body: Callable, init: torch.Tensor) -> None:
 
 def _refusal(code: str, need: str) -> str:
     return (
-        rf"^torchscan: the slice at \S+test_export_indexing\.py:\d+ \({re.escape(code)}\) has a "
-        "length that depends on the values of its tensor bounds, which are unknown where the "
+        rf"^torchscan\.loop: the slice at \S+test_export_indexing\.py:\d+ \({re.escape(code)}\) "
+        "has a length that depends on the values of its tensor bounds, which are unknown where the "
         r"loop body runs on fake tensors \(traced for export, or called for the shapes of ys "
         rf"when no step runs\), and {need}\. Give the slice a fixed length: "
         r"x\.narrow\(dim, i, k\), or x\[:, i:i \+ k\] with both bounds the same tensor plus, "

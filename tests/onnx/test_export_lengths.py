@@ -18,7 +18,7 @@ import torchscan
 from torchscan.onnx import OpsetConversionError
 
 from .._export import onnx_export
-from ._roundtrip import OPSETS, check_structure, check_valid
+from ._roundtrip import OPSETS, check_structure, check_valid, opset_pairs, pair_ids
 from ._runtimes import (
     assert_outputs_close,
     eager_outputs,
@@ -181,17 +181,19 @@ def runs(case: Case, opset: int) -> list[tuple]:
 
 
 NAMES = list(CASES)
+PAIRS = opset_pairs(NAMES)
+ABOVE_8 = [o for o in OPSETS if o > 8]
+RANDOM_PAIRS = opset_pairs(["padded-gru", "padded-birnn"])
+BILSTM_PAIRS = opset_pairs(["bilstm", "bilstm-batch-first"], ABOVE_8)
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_one_scan_node_per_scan(name: str, opset: int) -> None:
     check_structure(exported(name, opset), CASES[name], opset)  # type: ignore[arg-type]
     check_valid(exported(name, opset))
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_onnxruntime_equals_eager(name: str, opset: int) -> None:
     model_proto = exported(name, opset)
     for inputs in runs(CASES[name], opset):
@@ -199,8 +201,7 @@ def test_onnxruntime_equals_eager(name: str, opset: int) -> None:
         assert_outputs_close(run_onnxruntime(model_proto, inputs), expected, model_proto)
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_reference_evaluator_equals_eager(name: str, opset: int) -> None:
     model_proto = exported(name, opset)
     for inputs in runs(CASES[name], opset):
@@ -208,8 +209,7 @@ def test_reference_evaluator_equals_eager(name: str, opset: int) -> None:
         assert_outputs_close(run_reference(model_proto, inputs), expected, model_proto)
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", ["padded-gru", "padded-birnn"])
+@pytest.mark.parametrize(("name", "opset"), RANDOM_PAIRS, ids=pair_ids(RANDOM_PAIRS))
 @hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
 @hypothesis.given(data=st.data())
 def test_random_lengths_in_onnxruntime(name: str, opset: int, data) -> None:
@@ -231,8 +231,7 @@ def _scans(model_proto: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [node for node, depth in nodes(model_proto.graph) if node.op_type == "Scan"]
 
 
-@pytest.mark.parametrize("opset", [o for o in OPSETS if o > 8])
-@pytest.mark.parametrize("name", ["bilstm", "bilstm-batch-first"])
+@pytest.mark.parametrize(("name", "opset"), BILSTM_PAIRS, ids=pair_ids(BILSTM_PAIRS))
 def test_bidirectional_layer_is_one_scan_with_directions(name: str, opset: int) -> None:
     """Directions and axes are the Scan's attributes: nothing reverses, slices or transposes
     the sequence around it."""
@@ -268,7 +267,7 @@ def test_bidirectional_layer_equals_torch_lstm() -> None:
     assert_outputs_close(run_onnxruntime(model_proto, (x, h0)), expected, model_proto)
 
 
-@pytest.mark.parametrize("opset", [o for o in OPSETS if o > 8])
+@pytest.mark.parametrize("opset", [o for _, o in opset_pairs(["padded-gru"], ABOVE_8)])
 def test_padded_scan_masks_inside_the_scan(opset: int) -> None:
     """The validity of every step is one more sequence of the Scan; the body selects with it."""
     model_proto = exported("padded-gru", opset)

@@ -15,37 +15,35 @@ import torchscan
 from .._export import onnx_export
 from ._loop_models import CASES
 from ._roundtrip import (
-    OPSETS,
     check_onnxruntime,
     check_reference,
     check_structure,
     check_valid,
+    opset_pairs,
+    pair_ids,
 )
 from ._runtimes import nodes
 
 NAMES = list(CASES)
+PAIRS = opset_pairs(NAMES)
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_each_loop_is_one_loop_node(exported, name: str, opset: int) -> None:
     check_structure(exported(f"loop:{name}", opset), CASES[name], opset)
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_checker_accepts(exported, name: str, opset: int) -> None:
     check_valid(exported(f"loop:{name}", opset))
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> None:
     check_onnxruntime(exported(f"loop:{name}", opset), models(f"loop:{name}"), CASES[name])
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
     check_reference(exported(f"loop:{name}", opset), models(f"loop:{name}"), CASES[name])
 

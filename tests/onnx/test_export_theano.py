@@ -12,29 +12,29 @@ from ._roundtrip import (
     check_reference,
     check_structure,
     check_valid,
+    opset_pairs,
+    pair_ids,
 )
 from ._runtimes import assert_outputs_close, eager_outputs, run_onnxruntime
 from ._theano_models import CASES
 
 NAMES = list(CASES)
+PAIRS = opset_pairs(NAMES)
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_one_loop_node_per_scan(exported, name: str, opset: int) -> None:
     model = exported(f"theano:{name}", opset)
     check_structure(model, CASES[name], opset)
     check_valid(model)
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> None:
     check_onnxruntime(exported(f"theano:{name}", opset), models(f"theano:{name}"), CASES[name])
 
 
-@pytest.mark.parametrize("opset", OPSETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
     check_reference(exported(f"theano:{name}", opset), models(f"theano:{name}"), CASES[name])
 

@@ -20,7 +20,7 @@ from onnx import helper as oh
 import torchscan
 import torchscan.onnx
 from torchscan import _torch_onnx_hook, _traced
-from torchscan.onnx import _hooks, _translate
+from torchscan.onnx import _hooks, _passes, _translate
 
 from .._export import onnx_export
 from ._runtimes import nodes
@@ -84,28 +84,31 @@ def test_export_kept_from_before_the_import_still_gets_a_scan() -> None:
     assert out.strip() == "['Scan']"
 
 
-def test_export_kept_from_before_the_import_converts_a_model_without_a_scan() -> None:
-    """torch.onnx alone returns opset 18 for opset 13 here; with torchscan imported, the asked
-    opset, also through a reference kept from before the import and before any scan."""
-    out = run_python(
-        """
-        import logging
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-        import torch
-        from torch.onnx import export
-        import torchscan
+KEPT_REFERENCE = """
+import logging, sys
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+import torch
+from torch.onnx import export
+if sys.argv[1:] == ["torchscan"]:
+    import torchscan
 
-        class M(torch.nn.Module):
-            def forward(self, x, y):
-                return torch.tanh(x * y + 1)
+class M(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.tanh(x * y + 1)
 
-        model = export(
-            M(), (torch.ones(3), torch.ones(3)), dynamo=True, opset_version=13, verbose=False
-        )
-        print([o.version for o in model.model_proto.opset_import if o.domain == ""])
-        """
-    )
-    assert out.strip() == "[13]"
+model = export(M(), (torch.ones(3), torch.ones(3)), dynamo=True, opset_version=13, verbose=False)
+print(model.model_proto.SerializeToString().hex())
+"""
+
+
+def test_export_kept_from_before_the_import_leaves_a_model_without_a_scan_as_torch_makes_it():
+    """A model without loops, exported through a reference kept from before the import and
+    below opset 18, is byte for byte what torch.onnx alone makes of it."""
+    run = [sys.executable, "-c", KEPT_REFERENCE]
+    alone = subprocess.run(run, capture_output=True, text=True, check=True).stdout
+    hooked = subprocess.run([*run, "torchscan"], capture_output=True, text=True, check=True).stdout
+    assert alone.strip()
+    assert hooked == alone
 
 
 def test_the_first_export_installs_the_hooks_once() -> None:
@@ -463,12 +466,12 @@ def _one_random_node(op: str, opset: int, name: str = "draw") -> onnx.ModelProto
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
 
 
-@pytest.mark.parametrize("op", sorted(_hooks.ONNXRUNTIME_MISSING_KERNELS))
+@pytest.mark.parametrize("op", sorted(_passes.ONNXRUNTIME_MISSING_KERNELS))
 def test_onnxruntime_has_no_kernel_from_the_version_in_the_table_on(op: str) -> None:
     import onnxruntime as ort
 
-    since = _hooks.ONNXRUNTIME_MISSING_KERNELS[op]
-    assert ort.__version__.startswith(_hooks.ONNXRUNTIME_CHECKED + ".")
+    since = _passes.ONNXRUNTIME_MISSING_KERNELS[op]
+    assert ort.__version__.startswith(_passes.ONNXRUNTIME_CHECKED + ".")
     feeds = {} if op in ("RandomNormal", "RandomUniform") else {"x": np.full((1, 2), 0.5, "f")}
 
     def run(opset: int) -> list:
@@ -481,14 +484,15 @@ def test_onnxruntime_has_no_kernel_from_the_version_in_the_table_on(op: str) -> 
     assert type(e.value).__name__ == "NotImplemented"
 
 
-@pytest.mark.parametrize("op", sorted(_hooks.ONNXRUNTIME_MISSING_KERNELS))
+@pytest.mark.parametrize("op", sorted(_passes.ONNXRUNTIME_MISSING_KERNELS))
 def test_a_model_with_an_operator_onnxruntime_lacks_warns(op: str) -> None:
-    _hooks.warn_onnxruntime_gaps(ir.from_proto(_one_random_node(op, 21)))  # no warning
+    _passes.warn_onnxruntime_gaps(ir.from_proto(_one_random_node(op, 21)))  # no warning
     model = ir.from_proto(_one_random_node(op, 25))
     with pytest.warns(torchscan.TorchscanWarning) as warned:
-        _hooks.warn_onnxruntime_gaps(model)
+        _passes.warn_onnxruntime_gaps(model)
     assert [str(w.message) for w in warned] == [
-        f"torchscan: the model holds {op}-22 (node 'draw') at opset 25, and onnxruntime 1.32 has "
+        f"torch.onnx.export: the model holds {op}-22 (node 'draw') at opset 25, and onnxruntime "
+        f"1.32 has "
         f"no kernel for it: it refuses to run the model (NOT_IMPLEMENTED). To run it in "
         f"onnxruntime 1.32, export with opset_version=21 or lower."
     ]
@@ -514,9 +518,9 @@ def test_one_warning_names_every_operator_and_node_at_any_depth() -> None:
     )
     model = ir.from_proto(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 22)]))
     with pytest.warns(torchscan.TorchscanWarning) as warned:
-        _hooks.warn_onnxruntime_gaps(model)
+        _passes.warn_onnxruntime_gaps(model)
     assert [str(w.message) for w in warned] == [
-        "torchscan: the model holds RandomNormalLike-22 (nodes 'a', without a name) and "
+        "torch.onnx.export: the model holds RandomNormalLike-22 (nodes 'a', without a name) and "
         "Bernoulli-22 (node 'coin') at opset 22, and onnxruntime 1.32 has no kernel for them: it "
         "refuses to run the model (NOT_IMPLEMENTED). To run it in onnxruntime 1.32, export with "
         "opset_version=21 or lower."
@@ -534,7 +538,8 @@ def test_an_export_that_onnxruntime_cannot_run_warns_where_the_export_was_called
         onnx_export(Noisy(), ARGS, opset_version=22)
     ours = [w for w in warned if w.category is torchscan.TorchscanWarning]
     assert [str(w.message) for w in ours] == [
-        "torchscan: the model holds RandomNormalLike-22 (node 'node_randn_like') at opset 22, and "
+        "torch.onnx.export: the model holds RandomNormalLike-22 (node 'node_randn_like') at opset "
+        "22, and "
         "onnxruntime 1.32 has no kernel for it: it refuses to run the model (NOT_IMPLEMENTED). To "
         "run it in onnxruntime 1.32, export with opset_version=21 or lower."
     ]

@@ -755,10 +755,13 @@ def test_a_loop_carried_value_may_change_shape_in_every_version(opset: int) -> N
 def test_a_model_that_imports_no_default_opset_cannot_be_checked() -> None:
     m = scan_model(16)
     m.opset_import[0].domain = "com.example"
-    with pytest.raises(ValueError, match=r"^<ModelProto>: imports no version") as raised:
+    with pytest.raises(
+        ValueError, match=r"^torchscan\.onnx\.check: <ModelProto>: imports no"
+    ) as raised:
         torchscan.onnx.check(m, runtimes=())
     assert str(raised.value) == (
-        '<ModelProto>: imports no version of the default ONNX domain (no opset_import for "" or '
+        "torchscan.onnx.check: <ModelProto>: imports no version of the default ONNX domain (no "
+        'opset_import for "" or '
         '"ai.onnx"), so the version in force for Scan #0 is unknown and it cannot be checked'
     )
 
@@ -809,11 +812,13 @@ def test_any_failure_of_onnx_ir_to_read_a_model_is_a_value_error(monkeypatch) ->
         raise TypeError("a bytes-like object is required, not 'str'")
 
     monkeypatch.setattr(_lint.ir.serde, "deserialize_model", fails)
-    with pytest.raises(ValueError, match=r"^<ModelProto>: onnx_ir cannot") as raised:
+    with pytest.raises(
+        ValueError, match=r"^torchscan\.onnx\.check: <ModelProto>: onnx_ir"
+    ) as raised:
         torchscan.onnx.check(scan_model(16), runtimes=())
     assert str(raised.value) == (
-        "<ModelProto>: onnx_ir cannot read the model to lint it: a bytes-like object is required, "
-        "not 'str'"
+        "torchscan.onnx.check: <ModelProto>: onnx_ir cannot read the model to lint it: a "
+        "bytes-like object is required, not 'str'"
     )
 
 

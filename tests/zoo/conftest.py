@@ -1,10 +1,12 @@
 """Each test file of the zoo names its cases in ``NAMES``; the shared test functions of
-``_harness`` are parametrized over them, and over the opsets where they export."""
+``_harness`` are parametrized over them, and over the opsets where they export (a sample of them
+unless ``TORCHSCAN_TEST_ALL_OPSETS=1``: ``tests/onnx/_roundtrip.opset_pairs``)."""
 
 from __future__ import annotations
 
 import pytest
 
+from ..onnx._roundtrip import opset_pairs
 from ._cases import CASES
 from ._harness import OPSETS
 
@@ -22,8 +24,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     outside = getattr(metafunc.module, "OUTSIDE_TORCHSCAN", {})
     pairs = [
         (name, opset)
-        for name in names
-        for opset in OPSETS
+        for name, opset in opset_pairs(list(names), OPSETS)
         if (name, opset, metafunc.function.__name__) not in outside
     ]
     metafunc.parametrize(("zoo_case", "opset"), pairs, ids=[f"{n}-{o}" for n, o in pairs])

@@ -27,7 +27,7 @@ def test_noise_drawn_in_the_step_exports_without_a_warning_up_to_opset_21(opset:
 def test_noise_drawn_in_the_step_at_opset_25_is_named_at_export_and_refused_by_onnxruntime():
     """The user learns at export what onnxruntime will say when it loads the model."""
     (message,) = warned("ddpm-sample-randn", 25)
-    assert message.startswith("torchscan: the model holds RandomNormalLike-22 (node ")
+    assert message.startswith("torch.onnx.export: the model holds RandomNormalLike-22 (node ")
     assert message.endswith(
         "at opset 25, and onnxruntime 1.32 has no kernel for it: it refuses to run the model "
         "(NOT_IMPLEMENTED). To run it in onnxruntime 1.32, export with opset_version=21 or lower."

@@ -34,12 +34,13 @@ Everything in this package uses torch's private APIs, all imported from ``torchs
 """
 
 from torchscan._traced._flat import TypeCheck, traced_loop, traced_scan
-from torchscan._traced._indexing import on_fake_tensors
+from torchscan._traced._indexing import DataDependentSlice, on_fake_tensors
 from torchscan._traced._loop_op import torchscan_loop
 from torchscan._traced._lower import call_torch_scan
 from torchscan._traced._scan_op import torchscan_scan
 
 __all__ = [
+    "DataDependentSlice",
     "TypeCheck",
     "call_torch_scan",
     "on_fake_tensors",

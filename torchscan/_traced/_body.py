@@ -202,7 +202,7 @@ class InPlaceWrite(ExportError):
     ) -> None:
         self.step, self.written = step, list(written)
         self.sequences = [w.sequence for w in self.written if w.sequence is not None]
-        who = step.who if step is not None else "torchscan: the loop body"
+        who = step.who if step is not None else "torch.onnx.export: the loop body"
         what = " and ".join(dict.fromkeys(w.text(names) for w in self.written))
         super().__init__(
             f"{who} modifies in place {what}, which an exported loop cannot do (the model would "

@@ -275,14 +275,19 @@ class DataDependentSlice(ExportError):
     the body runs on fake tensors (``site``: the slice in the user's code; ``need``: what
     needs its length)."""
 
-    def __init__(self, site: str, need: str) -> None:
+    def __init__(self, site: str, need: str, api: str = "torch.onnx.export") -> None:
+        self.site, self.need = site, need
         super().__init__(
-            f"torchscan: the slice at {site} has a length that depends on the values of its "
+            f"{api}: the slice at {site} has a length that depends on the values of its "
             "tensor bounds, which are unknown where the loop body runs on fake tensors (traced "
             f"for export, or called for the shapes of ys when no step runs), and {need}. Give "
             "the slice a fixed length: x.narrow(dim, i, k), or x[:, i:i + k] with both bounds "
             "the same tensor plus, minus or times Python ints; or take one element with x[:, i]."
         )
+
+    def from_api(self, api: str) -> DataDependentSlice:
+        """The same refusal in the words of ``api`` (``torchscan.scan``)."""
+        return DataDependentSlice(self.site, self.need, api)
 
 
 def _what_torch_needs(error: GuardOnDataDependentSymNode) -> str:

@@ -113,7 +113,7 @@ def loop_with_torch(
     if has_until or cond is not None or trip_count is None:
         stop = "until" if has_until else "cond" if cond is not None else "no trip count"
         raise TorchscanValueError(
-            "torchscan: a torchscan_loop that may stop early (it has "
+            "torchscan.lower_to_torch: a torchscan_loop that may stop early (it has "
             f"{stop}) cannot become torch's scan, which always runs a number of steps known "
             "before it starts, and torch has no loop operator that stops early and trains "
             "(torch.while_loop's outputs cannot stack per-step values). Export it for ONNX, or "
@@ -123,8 +123,9 @@ def loop_with_torch(
     device = None if reference is None else reference.device
     if isinstance(trip_count, torch.Tensor):
         raise TorchscanValueError(
-            "torchscan: a torchscan_loop whose trip count is a tensor cannot become torch's "
-            "scan, which needs the number of steps as a size of the program (a Python int, or "
+            "torchscan.lower_to_torch: a torchscan_loop whose trip count is a tensor cannot "
+            "become torch's scan, which needs the number of steps as a size of the program (a "
+            "Python int, or "
             "a size of an input such as xs.shape[0]): a count read from a tensor's value is "
             "known only when the program runs."
         )

@@ -38,12 +38,13 @@ ONNX_HOOKS_ACTIVE = "__torchscan_hooks_active__"
 """The attribute of torchscan's lookup of translations in torch.onnx (``onnx/_hooks.py``): a
 function that says whether that lookup is the one installed."""
 
-onnx_export_opset: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+target_opset: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "torchscan_target_opset", default=None
 )
-"""The ``opset_version`` (-1 where it names none) of the ``torch.onnx.export`` call in progress
-through torchscan's wrapper or ``torchscan.onnx.export``, which hand torchscan's translations to
-torch.onnx; None outside such a call. Set by ``torchscan._torch_onnx_hook``."""
+"""The default-domain opset that the ``torch.onnx.export`` call in progress through torchscan's
+wrapper or ``torchscan.onnx.export`` targets (its ``opset_version``, or torch.onnx's default),
+resolved once where the call starts; None outside such a call. Set by
+``torchscan._torch_onnx_hook``."""
 
 
 def refuse_without_onnx_hooks(body: Any) -> None:
@@ -51,7 +52,7 @@ def refuse_without_onnx_hooks(body: Any) -> None:
     decomposes) where torch.onnx cannot translate it: the export does not go through torchscan's
     wrapper or ``torchscan.onnx.export``, and torchscan's hooks are not in torch.onnx's exporter
     (``TORCHSCAN_PATCH_TORCH_ONNX=0`` or ``uninstall_export_hooks()``)."""
-    if not torch.onnx.is_in_onnx_export() or onnx_export_opset.get() is not None:
+    if not torch.onnx.is_in_onnx_export() or target_opset.get() is not None:
         return
     lookup = _compat.onnx_registration().ONNXRegistry.get_decomps
     if getattr(lookup, ONNX_HOOKS_ACTIVE, lambda: False)():
@@ -211,7 +212,7 @@ def refuse_side_effects(gm: torch.fx.GraphModule, step: StepSource | None) -> No
 
 def _side_effect(node: torch.fx.Node, step: StepSource | None) -> ExportError:
     op = node.args[1]
-    who = step.who if step else "torchscan: a loop body"
+    who = step.who if step else "torch.onnx.export: a loop body"
     where = _where(step, _node_frames(node)) if step else ""
     if op is torch.ops.aten._linalg_check_errors.default:
         # torch.linalg.inv and its kin check the info their _ex form returns; the check names

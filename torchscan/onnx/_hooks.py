@@ -13,15 +13,14 @@ own table, whose entries win). Three private extension points of torch.onnx are 
   that has none is refused in torchscan's words, naming the step function and its line;
 * the version conversion and the optimization torch.onnx runs inside the export, once the model is
   built (``onnxscript_apis.convert_version`` and ``optimize``, read by ``_core`` and
-  ``_onnx_program``): torchscan checks every Scan and Loop against the rules of the opset asked
-  for, moves loop-invariant work out of their bodies before the optimizer runs, and converts
-  models below opset 18 itself, Scan and Loop bodies included, where torch.onnx would keep
-  opset 18, and warns where the converted model holds an operator version that onnxruntime has
-  no kernel for (:func:`warn_onnxruntime_gaps`). A pass over the finished ``ONNXProgram.model``
-  would come after the optimizer, and after torch.onnx has written the file the user asked for.
+  ``_onnx_program``): they become :func:`torchscan.onnx._passes.convert_version` and
+  :func:`torchscan.onnx._passes.optimize`, which run torchscan's passes on a model with loops
+  and pass any other model to torch.onnx's own functions. A pass over the finished
+  ``ONNXProgram.model`` would come after the optimizer, and after torch.onnx has written the
+  file the user asked for.
 
-:func:`install` replaces these attributes and adds two log filters (``_drop_stale_warning``,
-``_drop_signature_warning``); :func:`uninstall` puts back what it replaced, where it is still
+:func:`install` replaces these attributes and adds a log filter (``_drop_signature_warning``);
+:func:`uninstall` puts back what it replaced, where it is still
 torchscan's hook in place. A hook that something else has wrapped since stays in that wrapper and
 passes every call through once it is no longer the installation in force.
 """
@@ -30,16 +29,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import threading
-import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import onnx_ir as ir
 
-from torchscan._errors import ExportError
-from torchscan.onnx import _empty_loops, _hoist, _ir, _opsets, _options
+from torchscan.onnx import _passes
 
 _lock = threading.RLock()
 """Held while the hooks are put in or taken out; nothing is imported while it is held."""
@@ -78,7 +73,6 @@ def _log_filters() -> list[tuple[str, Any]]:
     from torchscan import _compat
 
     return [
-        (_compat.ONNX_OPSET_WARNING[0], _drop_stale_warning),
         (_compat.ONNX_SIGNATURE_WARNING[0], _drop_signature_warning),
     ]
 
@@ -102,7 +96,7 @@ def installed() -> bool:
 
 def install() -> None:
     """Install the fallback lookup of translations, the refusal of a loop-body node without a
-    translation, the conversion hook and the two log filters in torch.onnx's exporter; a second
+    translation, the conversion hook and the log filter in torch.onnx's exporter; a second
     call changes nothing. Imports torch.onnx's exporter."""
     global _installation
     if _installation is not None:
@@ -166,14 +160,6 @@ def _drop_signature_warning(record: logging.LogRecord) -> bool:
     )
 
 
-def _drop_stale_warning(record: logging.LogRecord) -> bool:
-    """torch.onnx warns that a model asked below opset 18 may stay at opset 18; with torchscan
-    it is converted, or the export fails."""
-    from torchscan import _compat
-
-    return not str(record.msg).startswith(_compat.ONNX_OPSET_WARNING[1])
-
-
 def _with_translations(
     get_decomps: Any, table: dict, meta: type, installation: _Installation
 ) -> Any:
@@ -226,16 +212,8 @@ def _naming_the_step(dispatch: Any, installation: _Installation) -> Any:
 
 
 class _ConvertingAPIs:
-    """torch.onnx's onnxscript entry points, with ``convert_version`` and ``optimize`` replaced.
-
-    torch.onnx converts a model to the opset asked for, then optimizes it. Below opset 18 that
-    order fails twice: torch's own translation uses operators that old opsets lack (``chunk`` is
-    a ``SplitToSequence`` until the optimizer folds it into a ``Split``), and onnxscript's
-    optimizer, run on an old-opset model, writes opset-18 nodes into it. So a model asked below
-    18 is optimized at opset 18 first, then converted, and not optimized again.
-    """
-
-    _CONVERTED = "torchscan.converted_down"
+    """torch.onnx's onnxscript entry points, with ``convert_version`` and ``optimize`` replaced by
+    torchscan's passes (:mod:`torchscan.onnx._passes`) while this installation is in force."""
 
     def __init__(self, apis: Any, installation: _Installation) -> None:
         self._apis = apis
@@ -247,202 +225,14 @@ class _ConvertingAPIs:
     def convert_version(self, model: ir.Model, target_version: int) -> ir.Model:
         if not _active(self._installation):
             return self._apis.convert_version(model, target_version)
-        converted = self._convert_version(model, target_version)
-        warn_onnxruntime_gaps(converted)
-        return converted
-
-    def _convert_version(self, model: ir.Model, target_version: int) -> ir.Model:
-        check_loop_types(model.graph, target_version)
-        ir.passes.common.InlinePass()(model)
-        _empty_loops.shape_empty_loop_outputs(model)
-        if _options.current().hoist_loop_invariants:
-            _hoist.hoist_loop_invariants(model, opset=target_version)
-        if target_version >= _opsets.TORCH_BUILD_OPSET:
-            return self._apis.convert_version(model, target_version)
-        from torchscan.onnx import _convert
-
-        # The optimizer changes the model it is given: the model as built is kept for a retry.
-        built = model.clone()
-        try:
-            converted = _convert.convert_model(
-                self._optimized(model), target_version, in_place=True
-            )
-        except _convert.OpsetConversionError as refused:
-            # The optimizer may choose operators the target lacks; the model as built may not.
-            # Where both fail, the optimized model's refusal names the real blocker: the model as
-            # built still holds what the optimizer folds away (a SplitToSequence that is a Split,
-            # a bound computed from constants).
-            try:
-                converted = _convert.convert_model(built, target_version, in_place=True)
-            except _convert.OpsetConversionError:
-                raise refused from None
-        converted.meta[self._CONVERTED] = True
-        return converted
+        return _passes.convert_version(
+            model,
+            target_version,
+            convert=self._apis.convert_version,
+            optimize=self._apis.optimize,
+        )
 
     def optimize(self, model: ir.Model) -> ir.Model:
         if not _active(self._installation):
             return self._apis.optimize(model)
-        if model.meta.get(self._CONVERTED):
-            return model
-        return self._optimized(model)
-
-    def _optimized(self, model: ir.Model) -> ir.Model:
-        """onnxscript's optimizer, then the scanned inputs it left unread dropped."""
-        optimized = self._apis.optimize(model)
-        _hoist.drop_unread_sequences(optimized.graph)
-        return optimized
-
-
-ONNXRUNTIME_MISSING_KERNELS = {
-    "RandomNormal": 22,
-    "RandomNormalLike": 22,
-    "RandomUniform": 22,
-    "RandomUniformLike": 22,
-    "Bernoulli": 22,
-    "Multinomial": 22,
-}
-"""Operators of the default domain that onnxruntime 1.32's CPU provider has no kernel for from
-the version given on (its status NOT_IMPLEMENTED, "Could not find an implementation for
-RandomNormalLike(22) node"), though it runs the versions before (Bernoulli-22 through its
-function, a RandomUniformLike-22)."""
-ONNXRUNTIME_CHECKED = "1.32"
-
-
-def warn_onnxruntime_gaps(model: ir.Model) -> None:
-    """Warn (:class:`~torchscan.TorchscanWarning`) where ``model`` holds, at any depth, a node
-    of an operator version that onnxruntime has no kernel for
-    (:data:`ONNXRUNTIME_MISSING_KERNELS`), naming the versions, the nodes and the opset to
-    export at instead."""
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
-    if opset is None:
-        return
-    found: dict[str, list[str]] = {}
-    for graph in [model.graph, *model.functions.values()]:
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            since = ONNXRUNTIME_MISSING_KERNELS.get(node.op_type)
-            if since is not None and _ir.is_default_domain(node.domain) and opset >= since:
-                name = repr(node.name) if node.name else "without a name"
-                found.setdefault(node.op_type, []).append(name)
-    if not found:
-        return
-    import onnx.defs
-
-    from torchscan._errors import TorchscanWarning
-
-    held = [
-        f"{op}-{onnx.defs.get_schema(op, opset, '').since_version} "
-        f"(node{'s' if len(names) > 1 else ''} {', '.join(names)})"
-        for op, names in found.items()
-    ]
-    below = min(ONNXRUNTIME_MISSING_KERNELS[op] for op in found) - 1
-    warnings.warn(
-        f"torchscan: the model holds {_listing(held)} at opset {opset}, and onnxruntime "
-        f"{ONNXRUNTIME_CHECKED} has no kernel for {'them' if len(held) > 1 else 'it'}: it "
-        f"refuses to run the model (NOT_IMPLEMENTED). To run it in onnxruntime "
-        f"{ONNXRUNTIME_CHECKED}, export with opset_version={below} or lower.",
-        TorchscanWarning,
-        stacklevel=_stacklevel_outside_the_export(),
-    )
-
-
-def _listing(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
-
-
-def _stacklevel_outside_the_export() -> int:
-    """The ``stacklevel`` of the first frame of the caller's that is not torch's, onnxscript's,
-    onnx_ir's or torchscan's: where the user called the export, for the warning to name."""
-    level, frame = 2, sys._getframe(2)  # the caller of this function's caller
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.partition(".")[0] not in ("torch", "torchscan", "onnxscript", "onnx_ir"):
-            return level
-        level, frame = level + 1, frame.f_back
-    return 2
-
-
-def check_leaf_types(
-    api: str, opset: int | None, op: str, leaves: Sequence[tuple[str, Any]]
-) -> None:
-    """Refuse the first of ``leaves`` (``(name, tensor)``, named by their pytree paths) whose
-    element type the ``op`` (``"Scan"`` or ``"Loop"``) in force at ``opset`` (None: torch.onnx's
-    default) does not allow, in the words of ``api``: called while the loop is traced, where the
-    user's names are known."""
-    from onnx_ir.tensor_adapters import from_torch_dtype
-
-    opset = _opsets.TORCH_BUILD_OPSET if opset is None else opset
-    if not _opsets.MIN_OPSET <= opset <= _opsets.MAX_OPSET:
-        return  # torch.onnx or the conversion refuses the opset itself
-    versions, version = _versions(op, opset)
-    for name, tensor in leaves:
-        dtype = from_torch_dtype(tensor.dtype)
-        if dtype in version.element_types:
-            continue
-        allowed, remedy = _remedy(versions, dtype, opset, f"cast {name}")
-        raise ExportError(
-            f"{api}: {name} has dtype {tensor.dtype}, which ONNX {op}-{version.since} (the "
-            f"version in force at opset {opset}) does not allow; {allowed}. To export it, "
-            f"{remedy}."
-        )
-
-
-def _versions(op: str, opset: int) -> tuple[tuple[_opsets.OpVersion, ...], _opsets.OpVersion]:
-    if op == "Scan":
-        return _opsets.SCAN_VERSIONS, _opsets.scan_version(opset)
-    return _opsets.LOOP_VERSIONS, _opsets.loop_version(opset)
-
-
-def _remedy(
-    versions: tuple[_opsets.OpVersion, ...], dtype: ir.DataType, opset: int, cast: str
-) -> tuple[str, str]:
-    """What allows ``dtype`` and what the user can do: a newer opset where there is one, a
-    cast (``cast``, for instance ``cast carry['h']``) to a type ``opset`` allows."""
-    first = _opsets.first_opset_allowing(versions, dtype)
-    if first is None:
-        return (
-            f"no version of {versions[0].op} allows it",
-            f"{cast} to a type that opset {opset} allows",
-        )
-    return (
-        f"the first opset that allows it is {first}",
-        f"export with opset_version={first} or newer, or {cast} to a type that opset {opset} "
-        "allows",
-    )
-
-
-def check_loop_types(graph: ir.Graph, opset: int) -> None:
-    """Refuse a Scan or Loop, at any depth, whose tensors have an element type that its version
-    at ``opset`` does not allow, naming the first opset that does."""
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        if not _ir.is_default_domain(node.domain) or node.op_type not in ("Scan", "Loop"):
-            continue
-        versions, version = _versions(node.op_type, opset)
-        for role, value in _roles(node):
-            if value.type is None or value.dtype in version.element_types:
-                continue
-            allowed, remedy = _remedy(versions, value.dtype, opset, "cast it")
-            raise ExportError(
-                f"torchscan: the {node.op_type} node {node.name!r} has {role}, tensor "
-                f"{value.name!r}, of element type {value.dtype.name.lower()}, which "
-                f"{node.op_type}-{version.since} (the version in force at opset {opset}) does not "
-                f"allow; {allowed}. To export it, {remedy}."
-            )
-
-
-def _roles(node: ir.Node) -> list[tuple[str, ir.Value]]:
-    """Every input and output of a Scan or Loop, with what it is to the loop."""
-    inputs = [v for v in node.inputs if v is not None]
-    if node.op_type == "Scan":
-        n_carried = len(inputs) - node.attributes["num_scan_inputs"].as_int()
-        named = [
-            *((f"initial carried value {i}", v) for i, v in enumerate(inputs[:n_carried])),
-            *((f"scanned sequence {i}", v) for i, v in enumerate(inputs[n_carried:])),
-        ]
-    else:
-        n_carried = len(node.inputs) - 2
-        named = [(f"initial carried value {i}", v) for i, v in enumerate(node.inputs[2:])]
-    return [
-        *named,
-        *((f"final carried value {i}", v) for i, v in enumerate(node.outputs[:n_carried])),
-        *((f"stacked output {i}", v) for i, v in enumerate(node.outputs[n_carried:])),
-    ]
+        return _passes.optimize(model, optimize=self._apis.optimize)

@@ -278,8 +278,9 @@ def _one_step_of_zeros(nodes: list[ir.Node], x: ir.Value, axis: int, version: in
     rank = x.shape.rank() if x.shape is not None else None
     if rank is None:
         raise ExportError(
-            f"torchscan: the rank of the scanned input {x.name!r} is unknown, so the Scan, whose "
-            "length may be 0, cannot be guarded against running no step (which onnxruntime "
+            f"torch.onnx.export: the rank of the scanned input {x.name!r} is unknown, so the "
+            "Scan, whose length may be 0, cannot be guarded against running no step (which "
+            "onnxruntime "
             "fails on). Give the scanned sequences a known rank."
         )
     keep = [0 if d == axis else 1 for d in range(rank)]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from torchscan import _errors
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx._check import _lint
 from torchscan.onnx._check._diff import _diff_all, _named_outputs, _shape_text
@@ -154,6 +155,29 @@ def check(
         random inputs too large); the message says which and why.
       TypeError: ``model`` is of none of the accepted types.
     """
+    with _errors.from_api(API):
+        return _check(
+            model, inputs, expected, module, args, atol, rtol, dims, runtimes, timeout, strict
+        )
+
+
+API = "torchscan.onnx.check"
+"""The API that starts the messages of the check's errors."""
+
+
+def _check(
+    model: str | os.PathLike[str] | bytes | onnx.ModelProto,
+    inputs: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any] | None,
+    expected: Mapping[str, Any] | Sequence[Any] | None,
+    module: Callable[..., Any] | None,
+    args: Sequence[Any] | None,
+    atol: float,
+    rtol: float,
+    dims: Mapping[str, int] | None,
+    runtimes: Sequence[str],
+    timeout: float | None,
+    strict: bool,
+) -> CheckReport:
     _check_options(atol, rtol, runtimes, module, args, timeout)
     proto, label = load_model(model)
     _check_readable(proto, label)

@@ -46,7 +46,7 @@ class OpsetConversionError(ExportError):
         self.reason = reason
         where = f" (node '{node}')" if node else ""
         super().__init__(
-            f"torchscan: cannot convert {op}{where} from opset {from_version} to opset "
+            f"torch.onnx.export: cannot convert {op}{where} from opset {from_version} to opset "
             f"{to_version}: {reason}. Export with a newer opset_version (at opset {from_version} "
             f"this {op} is kept as it is), or compute it in the step with operators that opset "
             f"{to_version} has."

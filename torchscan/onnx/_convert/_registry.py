@@ -49,7 +49,7 @@ class AdapterRegistry:
     def add(self, domain: str, op: str, since: int, adapter: Adapter) -> None:
         key = (_canonical(domain), op, since)
         if key in self._adapters:
-            raise TorchscanValueError(f"torchscan: an adapter is already registered for {key}")
+            raise TorchscanValueError(f"torchscan.onnx: an adapter is already registered for {key}")
         self._adapters[key] = adapter
 
     def lookup(self, domain: str, op: str, since: int) -> Adapter | None:
