@@ -23,6 +23,7 @@ from torchscan.onnx._convert._context import (
     Context,
     as_tensor,
     attribute,
+    clear_attributes,
     constant_of_node,
     exactly,
     is_present,
@@ -30,6 +31,7 @@ from torchscan.onnx._convert._context import (
     present_inputs,
     remove_attribute,
     set_attribute,
+    truncate_inputs,
     type_name,
 )
 from torchscan.onnx._convert._registry import register, registry
@@ -40,29 +42,17 @@ REDUCE_18 = [
 ]  # fmt: skip
 
 
-def truncate_inputs(node: ir.Node, count: int) -> None:
-    """Drop the inputs of ``node`` from ``count`` on."""
-    if len(node.inputs) > count:
-        node.resize_inputs(count)
-
-
-def _clear_attributes(node: ir.Node) -> None:
-    for name in list(node.attributes):
-        remove_attribute(node, name)
-
-
 # -- onnx's own adapters --------------------------------------------------------------------------
 
 
 @register("", ["ArgMax", "ArgMin"], 12)
 @register("", ["GRU", "LSTM", "RNN"], 14)
-@register("", ["ScatterElements", "ScatterND"], 16, 18)
 @register("", "Resize", 18)
 @register("", "BatchNormalization", 9)
 def _onnx_adapter(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     """onnx's C++ adapter, where it is exact: it drops an attribute the older version lacks when
     the attribute has the value that means the older behaviour (``select_last_index=0``,
-    ``layout=0``, ``reduction`` none or add and mul, Resize's ``antialias=0`` and no ``axes``),
+    ``layout=0``, Resize's ``antialias=0`` and no ``axes``),
     and refuses any other value; BatchNormalization-9 dropped ``spatial``, whose default
     BatchNormalization-7 keeps."""
     return ctx.run_onnx_adapter(node, boundary)
@@ -196,36 +186,11 @@ def _pad_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         if as_float is not None:
             value = float(as_float[0])
     truncate_inputs(node, 1)
-    _clear_attributes(node)
+    clear_attributes(node)
     set_attribute(node, "mode", mode)
     set_attribute(node, "pads", [int(p) for p in pads])
     if value is not None:
         set_attribute(node, "value", value)
-    return [node]
-
-
-@register("", "Clip", 11)
-def _clip_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
-    """Clip-11 takes ``min`` and ``max`` as inputs, an absent one meaning no bound; Clip-6 takes
-    float attributes whose defaults are the largest finite floats, which would clip infinities,
-    so an absent bound becomes an infinite one. (Integer Clips were rewritten at opset 12.)"""
-    bounds = {}
-    for index, name, unbounded in ((1, "min", -np.inf), (2, "max", np.inf)):
-        if index < len(node.inputs) and node.inputs[index] is not None:
-            value = ctx.require_const(node, boundary, index, name).reshape(-1)
-            as_float = exactly(value, np.dtype(np.float32))
-            if as_float is None:
-                raise ctx.refuse(
-                    node, boundary, f"its {name} {value[0]} is not exactly a float, the type of "
-                    f"Clip-6's {name} attribute"
-                )  # fmt: skip
-            bounds[name] = float(as_float[0])
-        else:
-            bounds[name] = unbounded
-    truncate_inputs(node, 1)
-    _clear_attributes(node)
-    for name, bound in bounds.items():
-        set_attribute(node, name, bound)
     return [node]
 
 
@@ -434,7 +399,7 @@ def _gemm_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
 
 def _dense_constant(node: ir.Node, value: np.ndarray) -> list[ir.Node]:
     """``node``, a Constant, holding ``value`` as a ``value`` tensor."""
-    _clear_attributes(node)
+    clear_attributes(node)
     node.attributes["value"] = ir.AttrTensor("value", as_tensor(value))
     return [node]
 
@@ -466,7 +431,7 @@ def _castlike_15(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         raise ctx.refuse(node, boundary, "the type of its input 'target_type' is unknown")
     node.op_type = "Cast"
     truncate_inputs(node, 1)
-    _clear_attributes(node)
+    clear_attributes(node)
     set_attribute(node, "to", int(elem))
     return [node]
 
@@ -532,7 +497,7 @@ def _resize_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     truncate_inputs(node, 1)
     node.resize_inputs(2)
     node.replace_input_with(1, ctx.add_const(scales.astype(np.float32), "scales"))
-    _clear_attributes(node)
+    clear_attributes(node)
     set_attribute(node, "mode", mode)
     return [node]
 

@@ -304,6 +304,14 @@ def _gathernd_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     return b.nodes
 
 
+@register("", "ScatterND", 16, 18)
+def _scatter_nd_reduction(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    """ScatterND-16 added ``reduction`` (none, add, mul), ScatterND-18 max and min:
+    onnx's C++ adapter drops it where it means the older behaviour and refuses any other
+    value."""
+    return ctx.run_onnx_adapter(node, boundary)
+
+
 @register("", "ScatterND", 11)
 def _scatternd_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     """ScatterND does not exist before opset 11: ``output[indices[idx]] = updates[idx]``, each

@@ -18,7 +18,11 @@ from torchscan.onnx._convert._context import (
     Builder,
     Context,
     attribute,
+    clear_attributes,
+    exactly,
     np_dtype,
+    set_attribute,
+    truncate_inputs,
     type_name,
 )
 from torchscan.onnx._convert._registry import register
@@ -133,6 +137,31 @@ def _min_max_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     compare = "Less" if node.op_type == "Min" else "Greater"
     made, _ = _select_extreme(ctx, compare, list(node.inputs), elem, node.outputs[0])
     return made
+
+
+@register("", "Clip", 11)
+def _clip_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    """Clip-11 takes ``min`` and ``max`` as inputs, an absent one meaning no bound; Clip-6 takes
+    float attributes whose defaults are the largest finite floats, which would clip infinities,
+    so an absent bound becomes an infinite one. (Integer Clips were rewritten at opset 12.)"""
+    bounds = {}
+    for index, name, unbounded in ((1, "min", -np.inf), (2, "max", np.inf)):
+        if index < len(node.inputs) and node.inputs[index] is not None:
+            value = ctx.require_const(node, boundary, index, name).reshape(-1)
+            as_float = exactly(value, np.dtype(np.float32))
+            if as_float is None:
+                raise ctx.refuse(
+                    node, boundary, f"its {name} {value[0]} is not exactly a float, the type of "
+                    f"Clip-6's {name} attribute"
+                )  # fmt: skip
+            bounds[name] = float(as_float[0])
+        else:
+            bounds[name] = unbounded
+    truncate_inputs(node, 1)
+    clear_attributes(node)
+    for name, bound in bounds.items():
+        set_attribute(node, name, bound)
+    return [node]
 
 
 @register("", "Clip", 12)

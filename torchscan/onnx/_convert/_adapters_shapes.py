@@ -341,6 +341,14 @@ def _one_hot_indices(ctx: Context, node: ir.Node) -> tuple[list[ir.Node], ir.Val
     return made_nodes, counted.outputs[0]
 
 
+@register("", "ScatterElements", 16, 18)
+def _scatter_elements_reduction(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    """ScatterElements-16 added ``reduction`` (none, add, mul), ScatterElements-18 max and min:
+    onnx's C++ adapter drops it where it means the older behaviour and refuses any other
+    value."""
+    return ctx.run_onnx_adapter(node, boundary)
+
+
 @register("", "ScatterElements", 11)
 def _scatter_elements_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
     """ScatterElements does not exist before opset 11; Scatter-9 is the same operator ("Scatter

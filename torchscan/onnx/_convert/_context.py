@@ -489,3 +489,15 @@ class Builder:
 
     def const(self, value: Any, base: str) -> ir.Value:
         return self.ctx.add_const(value, base)
+
+
+def truncate_inputs(node: ir.Node, count: int) -> None:
+    """Drop the inputs of ``node`` from ``count`` on."""
+    if len(node.inputs) > count:
+        node.resize_inputs(count)
+
+
+def clear_attributes(node: ir.Node) -> None:
+    """Remove every attribute of ``node``."""
+    for name in list(node.attributes):
+        remove_attribute(node, name)
