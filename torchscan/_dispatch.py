@@ -29,15 +29,29 @@ Strategy = Literal["traced", "empty", "compiled", "eager"]
 """How a loop runs; :func:`choose` picks one for each call."""
 
 
+def traced() -> bool:
+    """Whether a loop called now is traced: torch.export traces the model (``torch.onnx.export``
+    does), or a step runs on fake tensors for its shapes. Its tensors then have no values to
+    read."""
+    return torch.compiler.is_exporting() or _outputs.probing_shapes()
+
+
+def compiling() -> bool:
+    """Whether ``torch.compile`` or ``torch.export`` traces the call now: its tensors have no
+    values to read either."""
+    return torch.compiler.is_compiling()
+
+
 def choose(plan: ScanPlan | LoopPlan) -> Strategy:
-    """How ``plan`` runs, from the context of the call."""
-    if torch.compiler.is_exporting() or _outputs.probing_shapes():
+    """How ``plan`` runs, from the context of the call: :func:`traced`, and whether TorchDynamo
+    compiles it."""
+    if traced():
         return "traced"
-    compiling = torch.compiler.is_dynamo_compiling()
+    compiling_now = torch.compiler.is_dynamo_compiling()
     if isinstance(plan, ScanPlan):
         if plan.length == 0:
             return "empty"
-        if compiling and plan.loop_operator and plan.direction is not None:
+        if compiling_now and plan.loop_operator and plan.direction is not None:
             return "compiled"
         return "eager"
     none = plan.runs_no_iteration()
@@ -47,7 +61,7 @@ def choose(plan: ScanPlan | LoopPlan) -> Strategy:
     if none:
         return "empty"
     tensors = isinstance(plan.trip_count, torch.Tensor) or isinstance(plan.cond, torch.Tensor)
-    return "compiled" if compiling and not tensors else "eager"
+    return "compiled" if compiling_now and not tensors else "eager"
 
 
 def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _checks, _outputs, _pytree
+from torchscan import _checks, _dispatch, _pytree
 from torchscan._compat import FakeTensor
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._plan import ScanPlan
@@ -65,7 +65,7 @@ def masked(plan: ScanPlan, lengths: Any, batch_axis: int) -> ScanPlan:
     # that would make NaN gradients (0 * NaN) where pack_padded_sequence gives none. An exported
     # model computes no gradients, and its values are those of the valid positions whatever the
     # padding holds: it reads the sizes of no sequence for this.
-    if not (torch.compiler.is_exporting() or _outputs.probing_shapes()):
+    if not _dispatch.traced():
         xs_leaves = tuple(
             None if leaf is None else _unpadded(leaf, a, lengths, batch_axis)
             for leaf, a in zip(xs_leaves, plan.in_axes, strict=True)
@@ -161,8 +161,7 @@ def _check_lengths(api: str, lengths: Any, plan: ScanPlan) -> tuple[torch.Tensor
             f"{api}: lengths is on {lengths.device}, but init and xs are on "
             f"{', '.join(sorted(map(str, devices)))}; move it with lengths.to(xs.device)."
         )
-    tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
-    if tracing or _outputs.probing_shapes() or _is_fake(lengths):
+    if _dispatch.traced() or _dispatch.compiling() or _is_fake(lengths):
         return lengths, None
     if lengths.numel():
         low, high = int(lengths.min()), int(lengths.max())

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchscan import _checks
+from torchscan import _checks, _dispatch
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
 
 _API = "torchscan.theano.scan"
@@ -265,4 +265,4 @@ def _n_steps(n_steps: Any, sequences: list[_Sequence], go_backwards: bool) -> tu
 
 
 def _exporting() -> bool:
-    return torch.compiler.is_exporting()
+    return _dispatch.traced()
