@@ -842,3 +842,59 @@ def test_the_refusal_raised_from_torch_onnx_is_not_in_its_own_context() -> None:
         current = current.__cause__ or current.__context__
     assert current is None
     assert refusal not in chain
+
+
+class UntilOnlySometimes(torch.nn.Module):
+    """A step that returns until in one call and not in the next: no one operator fits it."""
+
+    def forward(self, xs, h):
+        calls = []
+
+        def step(c, x):
+            calls.append(None)
+            c = c + x
+            if len(calls) == 1:
+                return c, c
+            return c, c, torchscan.until(c.sum() > 100)
+
+        return torchscan.scan(step, h, xs)
+
+
+def test_a_step_that_returns_until_only_sometimes_is_refused() -> None:
+    with pytest.raises(torchscan.TorchscanValueError) as info:
+        export(UntilOnlySometimes())
+    assert (
+        "torchscan.scan: fn returned until in one call and not in another on the same shapes: "
+        "return until from every call, or from none"
+    ) in str(info.value)
+
+
+def test_a_nested_scan_is_traced_a_bounded_number_of_times() -> None:
+    """The operator of a scan is chosen by one run of its step on fake tensors; within that run,
+    a nested scan is not traced again, so the innermost step runs a number of times that grows
+    with the depth of nesting, not exponentially."""
+    runs = {"inner": 0}
+
+    def innermost(c, x):
+        runs["inner"] += 1
+        return torch.tanh(c + x), c
+
+    def level(step):
+        def outer(c, x):
+            c, _ = torchscan.scan(step, c, x.unsqueeze(0).expand(2, *x.shape))
+            return c, c
+
+        return outer
+
+    class Nested(torch.nn.Module):
+        def forward(self, xs, h):
+            return torchscan.scan(level(level(innermost)), h, xs)
+
+    h, xs = torch.zeros(2, 3), torch.randn(4, 2, 3)
+    expected = Nested()(xs, h)
+    runs["inner"] = 0
+    torch.export.export(Nested(), (xs, h))
+    assert runs["inner"] <= 6  # 2 ** 3 = 8 where every level traced its step twice
+    with torch.no_grad():
+        got = torch.export.export(Nested(), (xs, h)).module()(xs, h)
+    torch.testing.assert_close(got, expected)

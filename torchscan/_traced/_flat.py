@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from torchscan._traced import _step_errors
 from torchscan._traced._body import InPlaceWrite, as_traced_body
 from torchscan._traced._loop_op import torchscan_loop
 from torchscan._traced._scan_op import slice_like as _slice_like
-from torchscan._traced._scan_op import torchscan_scan
+from torchscan._traced._scan_op import stacked_like, torchscan_scan
 
 if TYPE_CHECKING:
     from torchscan._plan import LoopPlan, ScanPlan
@@ -31,9 +32,8 @@ does not allow at the opset being exported to."""
 # -- from pytrees to the operators -------------------------------------------------------------
 
 
-class _StopsEarly(Exception):
-    """Raised out of the trace of a scan's step that returns ``until``: a Scan cannot stop
-    early, so the scan is traced again as a loop."""
+_probing = contextvars.ContextVar("torchscan_probing_step", default=False)
+"""Whether a step runs on fake tensors to learn what it returns (:meth:`_FlatStep.probe`)."""
 
 
 class _FlatStep:
@@ -100,9 +100,15 @@ class _FlatStep:
 
     def flatten(self, out: Any) -> tuple[Any, ...]:
         """The flat outputs of one step: new carries, ``y`` leaves, and the stop flag."""
-        self.has_until = self.protocol.has_until(out)
-        if self.has_until and self.operator == "Scan":
-            raise _StopsEarly
+        has_until = self.protocol.has_until(out)
+        if self.operator is not None and has_until != self.has_until:
+            # the probe decided the operator; a step whose output changes between two calls
+            # on the same shapes cannot be one operator
+            raise TorchscanValueError(
+                f"{self.protocol.api}: {self.protocol.fn_name} returned until in one call and "
+                "not in another on the same shapes: return until from every call, or from none"
+            )
+        self.has_until = has_until
         if self.never_ends and not self.has_until:
             raise TorchscanValueError(self.never_ends)
         self.carry_type.check(out[0], "")
@@ -133,8 +139,24 @@ class _FlatStep:
         returns: whether it stops decides which operator it becomes, and its ``y`` the axis and
         direction of every output laid out leaf by leaf."""
         self.operator = None
-        with disable_proxy_modes_tracing(), as_traced_body():
-            step(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        token = _probing.set(True)
+        try:
+            with disable_proxy_modes_tracing(), as_traced_body():
+                step(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        finally:
+            _probing.reset(token)
+
+    def probed(self, length: Any, axes: Sequence[int]) -> tuple[Any, Any]:
+        """Within the probe of an outer step: ``(carry, ys)`` shaped as the probe of this one
+        found them, ``ys`` of ``length`` on ``axes``, without tracing the step again: the outer
+        probe needs only shapes, and the outer trace traces this call once more."""
+        ys = [leaf for leaf in _pytree.tree_leaves(self.y) if leaf is not None]
+        return self.unflatten(
+            [
+                *[torch.empty_like(c) for c in self.carries],
+                *[stacked_like(y, length, a % (y.ndim + 1)) for y, a in zip(ys, axes, strict=True)],
+            ]
+        )
 
     def unflatten(self, out: Sequence[Any]) -> tuple[Any, Any]:
         n = len(self.carries)
@@ -144,7 +166,8 @@ class _FlatStep:
 
 def traced_scan(plan: ScanPlan, check_types: TypeCheck | None = None) -> tuple[Any, Any]:
     """``scan`` under ``torch.export``: one ``torchscan_scan`` call on the flat tensors, or, when
-    the step returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early).
+    the step returns ``until``, one ``torchscan_loop`` call (a Scan cannot stop early): which one
+    is decided before anything is traced, by running the step once on fake tensors.
 
     ``check_types``, given while torch.onnx exports, refuses leaves whose element type the ONNX
     operator does not allow at the target opset, naming them by their paths.
@@ -169,12 +192,19 @@ def traced_scan(plan: ScanPlan, check_types: TypeCheck | None = None) -> tuple[A
         n = len(flat.carries)
         return flat.flatten(flat.call(flat.carry(args[:n]), x_of(args[n : n + len(xs)])))
 
-    # Whether the step stops early decides which operator the scan becomes, and only running it
-    # tells. Tracing it as a Scan is what almost every scan needs, so that is tried first rather
-    # than running it once more beforehand (which nested scans would pay at every level): a step
-    # that returns until interrupts the trace, before anything is recorded in the outer graph,
-    # and the scan is traced again as a loop.
+    # What the step returns decides the operator (a Scan cannot stop early) and, where they are
+    # given leaf by leaf, the axis and direction of every output: the step runs once on fake
+    # tensors, outside the trace, to learn it.
     direction = plan.direction
+    flat.probe(step, *flat.carries, *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)])
+    if flat.has_until:
+        if direction is None:
+            raise TorchscanValueError(
+                f"{plan.protocol.api}: {plan.protocol.fn_name} returned until, which cannot be "
+                "combined with in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: "
+                "give every leaf the same axis and direction (axis=, reverse=)."
+            )
+        return _scan_as_loop(flat, xs, in_axes, x_of, plan.length, plan.out.axis, *direction)
     scan_xs, scan_axes = (xs, in_axes) if xs else _empty_sequence(plan.length)
     if direction is not None:
         reverse, realign = direction
@@ -183,18 +213,9 @@ def traced_scan(plan: ScanPlan, check_types: TypeCheck | None = None) -> tuple[A
     else:
         in_reverse = [r for r, present in zip(plan.in_reverse, x_present, strict=True) if present]
         in_reverse = in_reverse if xs else [False]
-        # The axis and direction of every output are given for the leaves of y: the step runs
-        # once on fake tensors, outside the trace, to learn y.
-        flat.probe(
-            step, *flat.carries, *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)]
-        )
-        if flat.has_until:
-            raise TorchscanValueError(
-                f"{plan.protocol.api}: {plan.protocol.fn_name} returned until, which cannot be "
-                "combined with in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: "
-                "give every leaf the same axis and direction (axis=, reverse=)."
-            )
         out_axes, out_reverse = _laid_out(flat, plan)
+    if _probing.get():
+        return flat.probed(plan.length, _laid_out(flat, plan)[0])
     flat.operator = "Scan"
     try:
         out = torchscan_scan(
@@ -207,9 +228,6 @@ def traced_scan(plan: ScanPlan, check_types: TypeCheck | None = None) -> tuple[A
             out_axes,
             out_reverse,
         )
-    except _StopsEarly:
-        assert direction is not None
-        return _scan_as_loop(flat, xs, in_axes, x_of, plan.length, plan.out.axis, *direction)
     except InPlaceWrite as refused:
         if not refused.sequences or not xs:
             raise
@@ -291,6 +309,8 @@ def traced_loop(plan: LoopPlan, check_types: TypeCheck | None = None) -> tuple[A
     with disable_proxy_modes_tracing():
         i = torch.zeros((), dtype=torch.int64, device=getattr(reference, "device", None))
     flat.probe(step, i, *flat.carries)
+    if _probing.get() and not flat.has_until and isinstance(plan.trip_count, (int, torch.SymInt)):
+        return flat.probed(plan.trip_count, [0] * sum(flat.y_present))
     cond = plan.cond
     if isinstance(cond, bool):
         cond = torch.tensor(cond)
