@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import types
 from collections.abc import Callable
 
 import numpy as np
@@ -779,10 +780,136 @@ def test_every_registered_adapter_is_at_a_version_onnx_defines() -> None:
     assert wrong == []
 
 
+def test_an_operator_is_declared_by_one_class() -> None:
+    """``adapters`` registers a class's ``version_N`` for each of its operators at boundary
+    ``N``, records the class, and refuses a second class for an operator."""
+    from torchscan.onnx._convert._registry import AdapterRegistry
+
+    def adapter(node, ctx, boundary):
+        return [node]
+
+    registry = AdapterRegistry()
+
+    @registry.declare("Foo", "Bar")
+    class FooBar:
+        version_9 = adapter
+
+        @staticmethod
+        def version_11(node, ctx, boundary):
+            return [node]
+
+    assert registry.lookup("ai.onnx", "Foo", 9) is adapter
+    assert registry.lookup("", "Bar", 11) is FooBar.version_11
+    assert registry.declared_by("ai.onnx", "Bar") is FooBar
+    assert registry.declared_by("", "Baz") is None
+    assert len(registry) == 4
+    with pytest.raises(
+        torchscan.TorchscanValueError, match=r"adapters of Bar are declared by .*\.FooBar already"
+    ):
+
+        @registry.declare("Baz", "Bar")
+        class Bar:
+            version_13 = adapter
+
+    assert (registry.lookup("", "Bar", 13), registry.lookup("", "Baz", 13)) == (None, None)
+    with pytest.raises(torchscan.TorchscanValueError, match="declares no adapter"):
+
+        @registry.declare("Baz")
+        class Nothing:
+            def adapt(self, node, ctx, boundary):
+                return [node]
+
+
+def _adapter_modules() -> dict[str, types.ModuleType]:
+    """The modules of ``torchscan.onnx._convert`` that declare adapters, by name, imported."""
+    import importlib
+    from pathlib import Path
+
+    import torchscan.onnx._convert as package
+
+    root = Path(package.__file__).parent
+    return {
+        path.stem: importlib.import_module(f"{package.__name__}.{path.stem}")
+        for path in sorted(root.glob("_ops_*.py"))
+    }
+
+
+def test_every_operators_adapters_are_declared_together_in_one_class() -> None:
+    """Every registered ``(domain, op, b)`` is ``version_b`` of the one class that declares the
+    adapters of ``op``, a class of an ``_ops_*`` module, and every ``version_N`` of that class is
+    registered for ``op``: all of an operator's versions are in one place. A class with adapters
+    that declares no operator (its decorator forgotten) fails too."""
+    from torchscan.onnx._convert import _converter  # noqa: F401  (it imports every adapter)
+    from torchscan.onnx._convert._registry import registry, versions_of
+
+    modules = _adapter_modules()
+    assert {"_ops_shape", "_ops_reduce", "_ops_gather", "_ops_control"} <= set(modules)
+    versions: dict[tuple[str, str], set[int]] = {}
+    for domain, op, since in registry:
+        versions.setdefault((domain, op), set()).add(since)
+    declaring = {}
+    for (domain, op), registered in versions.items():
+        cls = registry.declared_by(domain, op)
+        assert cls is not None, f"{op} is registered without a class that declares it"
+        assert cls.__module__.rpartition(".")[2] in modules, (op, cls.__module__)
+        declared = versions_of(cls)
+        assert set(declared) == registered, (op, cls.__qualname__)
+        for since in registered:
+            assert registry.lookup(domain, op, since) is declared[since], (op, since)
+        declaring.setdefault(cls, []).append(op)
+    for name, module in modules.items():
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and value.__module__ == module.__name__
+                and versions_of(value)
+            ):
+                assert value in declaring, f"{name}.{value.__qualname__} declares no operator"
+    # one class per operator: no operator's name is in two classes
+    named = [op for ops in declaring.values() for op in ops]
+    assert len(named) == len(set(named))
+
+
+def test_adapters_make_nodes_only_with_the_builder() -> None:
+    """The context makes no node; the adapters, their shared rewrites and building blocks, and
+    the walk make every node with ``Builder`` (the whole-model steps of ``__init__`` make one
+    Identity of their own, and the context's ``splice`` takes the nodes onnx made)."""
+    import re
+    from pathlib import Path
+
+    import torchscan.onnx._convert as package
+    from torchscan.onnx._convert._context import Context
+
+    assert not hasattr(Context, "make_node")
+    root = Path(package.__file__).parent
+    checked = [p for p in root.glob("*.py") if p.name not in ("__init__.py", "_context.py")]
+    assert len(checked) >= 10
+    for path in checked:
+        text = path.read_text()
+        assert not re.search(r"\bir\.(?:Node|node)\(|make_node\(", text), path.name
+
+
+def test_the_adapter_modules_import_no_other_adapter_module() -> None:
+    """An ``_ops_*`` module imports the context, the registry, ``_helpers`` and ``_blocks``,
+    never another ``_ops_*`` module: an operator's adapters need no other family's."""
+    import ast
+    from pathlib import Path
+
+    for name, module in _adapter_modules().items():
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert not [m for m in imported if "._ops_" in m], name
+
+
 def _emitted_ops() -> set[str]:
     """The default-domain operators that torchscan's own code builds nodes of: the translations,
     the passes and the adapters (as they name them in ``make_node("Op", ...)``,
-    ``ir.node("Op", ...)`` and ``ir.Node("", "Op", ...)``)."""
+    ``ir.node("Op", ...)``, ``ir.Node("", "Op", ...)`` and, in the adapters, the ``Builder``'s
+    ``b.op("Op", ...)`` and ``b.node("Op", ...)``)."""
     import re
     from pathlib import Path
 
@@ -792,15 +919,18 @@ def _emitted_ops() -> set[str]:
     found: set[str] = set()
     for path in [*root.glob("*.py"), *root.glob("_convert/*.py")]:
         text = path.read_text()
-        found |= set(re.findall(r'(?:make_node|ir\.node|_node)\(\s*"([A-Z][A-Za-z]+)"', text))
+        found |= set(
+            re.findall(r'(?:make_node|ir\.node|_node|\.node|\.op)\(\s*"([A-Z][A-Za-z]+)"', text)
+        )
         found |= set(re.findall(r'ir\.Node\(\s*"",\s*"([A-Z][A-Za-z]+)"', text))
     return found
 
 
-REFUSED_BELOW_FIRST_VERSION = {"IsNaN": 9}
+REFUSED_BELOW_FIRST_VERSION = {"IsNaN": 9, "NonZero": 9}
 """Operators torchscan emits that have no form before their first version: converting a model
 that holds one below it is refused, naming the operator (an IsInf adapter emits IsNaN, so
-IsInf is refused at opset 8)."""
+IsInf is refused at opset 8; ``_blocks.arange`` emits NonZero at opset 9 and later only, a Loop
+below)."""
 
 
 def test_every_operator_torchscan_emits_converts_below_its_first_version_or_is_refused() -> None:

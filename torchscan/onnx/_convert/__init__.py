@@ -12,10 +12,11 @@ is used:
 
 1. an operator that does not exist below ``b`` and whose inputs are all constants is evaluated
    now, with ``onnx.reference``, and its outputs become initializers;
-2. an adapter registered for ``("", op, b)`` in the registry (``_registry``; the adapters are in
-   the ``_adapters_*`` modules) rewrites the node into nodes valid at opset ``b - 1``:
-   hand-written where the meaning changed, or onnx's own C++ adapter, run on a model of that one
-   node, where that adapter is correct;
+2. an adapter registered for ``("", op, b)`` in the registry (``_registry``): the attribute
+   ``version_b`` of the one class that declares every adapter of ``op``, in an ``_ops_*``
+   module; it rewrites the node into nodes valid at opset ``b - 1``: hand-written where the
+   meaning changed, or onnx's own C++ adapter, run on a model of that one node, where that
+   adapter is correct;
 3. a change of allowed element types only keeps the node as it is;
 4. an operator that ONNX defines as a function of other operators is replaced by that function
    body: the specification's own definition, whose nodes are then converted in turn;
@@ -29,9 +30,22 @@ result for every value. Then the node's subgraphs are converted the same way (``
 No rewrite approximates. Where the older opset cannot express a node exactly, for every input
 the node accepts, the conversion fails and names the node, the operator and the two opsets.
 
-The modules: ``_context`` holds what adapters read and make (the :class:`Context`) and the
-refusal; ``_registry`` the adapters' registry; ``_converter`` the walk and the generic rules;
-this module the steps on the whole model.
+The modules: ``_context`` holds what adapters read (the :class:`Context`), the one way they make
+nodes (``Builder``) and the refusal; ``_registry`` the adapters' registry and the decorator
+``adapters`` that declares an operator's adapters; the ``_ops_*`` modules the classes that
+declare them, one module for each family of operators, each operator in one class: ``_ops_reduce``
+(ReduceSum and the other reductions, ArgMax, ArgMin, TopK), ``_ops_shape`` (Squeeze, Unsqueeze,
+Flatten, Concat, Split, Reshape, Shape, DepthToSpace, Slice, Pad), ``_ops_tensor`` (Constant,
+ConstantOfShape, CastLike), ``_ops_gather`` (Gather, Scatter, ScatterElements, OneHot, Compress,
+GatherElements, GatherND, ScatterND, Where), ``_ops_math`` (Equal, Less, Greater, IsInf, Min,
+Max, Clip, Mod, Pow, Gemm), ``_ops_nn`` (Conv, ConvTranspose, the pools, BatchNormalization, GRU,
+LSTM, RNN, Dropout, Softmax, LogSoftmax, Hardmax, Resize, Upsample), ``_ops_control`` (If, Loop,
+Scan, Range, CumSum) and ``_ops_einsum`` (Einsum); ``_helpers`` the rewrites that several
+operators' classes share (onnx's own adapter, axes counted from the front, attributes added with
+a neutral default, inputs that were attributes); ``_blocks`` the building blocks adapters of
+several families compose (int64 lengths, strides and indices computed when the model runs,
+``Range`` as a ``Loop``); ``_converter`` the walk and the generic rules; this module the steps
+on the whole model.
 """
 
 from __future__ import annotations

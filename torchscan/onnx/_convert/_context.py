@@ -2,12 +2,12 @@
 (:class:`OpsetConversionError`), and helpers for the attributes and constants of ``onnx_ir``
 nodes.
 
-Adapters read types, shapes and constant values from the context, and make new values, nodes
-and initializers with it. An adapter either changes the node it is given in place and returns it
-among its nodes, or returns nodes that replace it: a node made with ``outputs=[v]``, ``v`` an
-output of the node given, computes the value that every reader of ``v`` then reads, under
-``v``'s name and type. The converter (``_converter``) puts the nodes in the graph and makes those
-replacements.
+Adapters read types, shapes and constant values from the context, and make new values and
+initializers with it; they make nodes with a :class:`Builder` only. An adapter either changes the
+node it is given in place and returns it among its nodes, or returns nodes that replace it: a
+node made with ``outputs=[v]`` (or ``output=v``), ``v`` an output of the node given, computes the
+value that every reader of ``v`` then reads, under ``v``'s name and type. The converter
+(``_converter``) puts the nodes in the graph and makes those replacements.
 """
 
 from __future__ import annotations
@@ -300,34 +300,7 @@ class Context:
         self._constants[constant] = array
         return constant
 
-    # -- nodes -----------------------------------------------------------------------------------
-
-    def make_node(
-        self,
-        op: str,
-        inputs: Sequence[ir.Value | None],
-        outputs: Sequence[ir.Value | None] | None = None,
-        *,
-        num_outputs: int = 1,
-        **attributes: Any,
-    ) -> ir.Node:
-        """A default-domain node with a fresh name. Each entry of ``outputs`` is None for a new
-        value, or an output of the node being rewritten, which the new output replaces."""
-        count = len(outputs) if outputs is not None else num_outputs
-        node = ir.Node(
-            "",
-            op,
-            inputs,
-            attributes=[make_attribute(k, v) for k, v in attributes.items()],
-            num_outputs=count,
-            name=self.fresh(op),
-        )
-        for made, replaced in zip(node.outputs, outputs or [None] * count, strict=True):
-            if replaced is None:
-                made.name = self.fresh(op.lower())
-            else:
-                self.replace(replaced, made)
-        return node
+    # -- replacements and refusals ---------------------------------------------------------------
 
     def replace(self, old: ir.Value, new: ir.Value) -> None:
         """Make ``new``, under ``old``'s name and type, the value that every reader of ``old``
@@ -460,14 +433,52 @@ def replace_graph_output(old: ir.Value, new: ir.Value) -> None:
 
 
 class Builder:
-    """The nodes an adapter makes one after another, each with the type of what it computes,
-    which later adapters and the check of types at the target read."""
+    """The nodes an adapter makes, one after another: the one way adapters make nodes.
+
+    Each node is a default-domain node with a fresh name, kept in :attr:`nodes` in the order
+    made; :meth:`op` also gives its one output the type of what it computes, which later
+    adapters and the check of types at the target read. A node's outputs are new values, or
+    replace outputs of the node being rewritten (see ``Context.replace``)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.nodes: list[ir.Node] = []
         self.made: dict[Any, Any] = {}
         """Values made once and read several times by the adapter, by a key of its own."""
+
+    def node(
+        self,
+        op: str,
+        inputs: Sequence[ir.Value | None],
+        outputs: Sequence[ir.Value | str | None] | None = None,
+        *,
+        num_outputs: int = 1,
+        name: str | None = None,
+        **attributes: Any,
+    ) -> ir.Node:
+        """A node of ``op`` made and kept, named ``name`` or a fresh name. Each entry of
+        ``outputs`` is None for a new value with a fresh name, a string for a new value with a
+        fresh name of that base, or an output of the node being rewritten, which the new output
+        replaces; without ``outputs``, the node has ``num_outputs`` new values."""
+        ctx = self.ctx
+        count = len(outputs) if outputs is not None else num_outputs
+        node = ir.Node(
+            "",
+            op,
+            inputs,
+            attributes=[make_attribute(k, v) for k, v in attributes.items()],
+            num_outputs=count,
+            name=ctx.fresh(op) if name is None else name,
+        )
+        for made, replaced in zip(node.outputs, outputs or [None] * count, strict=True):
+            if replaced is None:
+                made.name = ctx.fresh(op.lower())
+            elif isinstance(replaced, str):
+                made.name = ctx.fresh(replaced)
+            else:
+                ctx.replace(replaced, made)
+        self.nodes.append(node)
+        return node
 
     def op(
         self,
@@ -481,10 +492,9 @@ class Builder:
     ) -> ir.Value:
         """A node of ``op`` made and kept; its one output, of type ``elem`` and shape ``shape``,
         or replacing ``output`` of the node being rewritten."""
-        node = self.ctx.make_node(op, inputs, None if output is None else [output], **attributes)
+        node = self.node(op, inputs, None if output is None else [output], **attributes)
         if output is None:
             self.ctx.set_type(node.outputs[0], elem, shape)
-        self.nodes.append(node)
         return node.outputs[0]
 
     def const(self, value: Any, base: str) -> ir.Value:

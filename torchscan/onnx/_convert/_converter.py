@@ -16,15 +16,18 @@ import onnx_ir as ir
 
 from torchscan.onnx import _ir, _schema_diff
 from torchscan.onnx._convert import (  # noqa: F401  (importing them registers their adapters)
-    _adapters_attributes,
-    _adapters_control,
-    _adapters_einsum,
-    _adapters_gather,
-    _adapters_math,
-    _adapters_shapes,
+    _ops_control,
+    _ops_einsum,
+    _ops_gather,
+    _ops_math,
+    _ops_nn,
+    _ops_reduce,
+    _ops_shape,
+    _ops_tensor,
 )
 from torchscan.onnx._convert._context import (
     VALUE_PRESERVING,
+    Builder,
     Context,
     OpsetConversionError,
     constant_of_node,
@@ -198,7 +201,9 @@ class Converter(Context):
         initializer."""
         if node.graph is not self.root and output.is_graph_output():
             source = self.add_const(value, output.name)
-            return [self.make_node("Identity", [source], [output])]
+            b = Builder(self)
+            b.op("Identity", [source], None, output=output)
+            return b.nodes
         name = output.name
         output.name = None
         constant = self.register_const(value, name)
@@ -261,18 +266,16 @@ class Converter(Context):
             if wider is None:
                 return None
             chosen[param.type_str] = (_ELEM_TYPES[source], _ELEM_TYPES[wider])
-        before: list[ir.Node] = []
-        after: list[ir.Node] = []
+        before, after = Builder(self), Builder(self)
         cast_inputs: dict[ir.Value, ir.Value] = {}
         for param, value in _bind(schema.inputs, list(node.inputs)):
             if param.type_str not in chosen or self.elem_type(value) != chosen[param.type_str][0]:
                 continue
             if value not in cast_inputs:
-                cast = self.make_node("Cast", [value], to=chosen[param.type_str][1])
-                cast.outputs[0].name = self.fresh(f"{value.name}_widened")
-                self.set_type(cast.outputs[0], chosen[param.type_str][1], self.shape(value))
-                cast_inputs[value] = cast.outputs[0]
-                before.append(cast)
+                wide = chosen[param.type_str][1]
+                cast = before.op("Cast", [value], wide, self.shape(value), to=wide)
+                cast.name = self.fresh(f"{value.name}_widened")
+                cast_inputs[value] = cast
         for i, value in enumerate(node.inputs):
             if value in cast_inputs:
                 node.replace_input_with(i, cast_inputs[value])
@@ -281,10 +284,10 @@ class Converter(Context):
                 continue
             narrow, wide = chosen[param.type_str]
             shape = self.shape(value)
-            after.append(self.make_node("Cast", [value], [value], to=narrow))
+            after.op("Cast", [value], None, output=value, to=narrow)
             value.name = self.fresh(f"{value.name}_widened")
             self.set_type(value, wide, shape)
-        return before, after
+        return before.nodes, after.nodes
 
 
 def _function_opset(versions: Iterable[int], since: int) -> int:

@@ -1,14 +1,21 @@
-"""The registry of adapters, keyed by ``(domain, operator, since version)``.
+"""The registry of adapters, keyed by ``(domain, operator, since version)``, and the declaration
+of an operator's adapters.
 
 An adapter registered for ``(domain, op, b)`` carries a node of operator ``op`` across the
 boundary ``b``: it receives the node valid at opset ``b`` (where the operator's version ``b``
 starts) and returns nodes valid at opset ``b - 1``.
+
+Every adapter of an operator, at all its boundaries, is declared in one class decorated with
+:func:`adapters`: its attribute ``version_N`` is the adapter for the boundary ``N``. A class
+declares one operator, or several that share every version, and no operator is declared by two
+classes. The classes are in the ``_ops_*`` modules, one module for each family of operators.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import onnx_ir as ir
 
@@ -21,22 +28,65 @@ if TYPE_CHECKING:
 Adapter = Callable[[ir.Node, "Context", int], list[ir.Node]]
 """``adapter(node, ctx, boundary)``: the nodes that replace ``node`` below ``boundary``."""
 
+_Class = TypeVar("_Class", bound=type)
+
+_VERSION = re.compile(r"version_(\d+)")
+
 
 def _canonical(domain: str) -> str:
     return "" if _ir.is_default_domain(domain) else domain
 
 
+def versions_of(cls: type) -> dict[int, Adapter]:
+    """The adapters a class declares: its own attributes ``version_N``, by boundary ``N``."""
+    found = {}
+    for name in vars(cls):
+        match = _VERSION.fullmatch(name)
+        if match:
+            found[int(match.group(1))] = getattr(cls, name)
+    return dict(sorted(found.items()))
+
+
 class AdapterRegistry:
-    """The adapters, one for each ``(domain, operator, since version)`` that needs one."""
+    """The adapters, one for each ``(domain, operator, since version)`` that needs one, and the
+    class that declares each operator's adapters."""
 
     def __init__(self) -> None:
         self._adapters: dict[tuple[str, str, int], Adapter] = {}
+        self._declared: dict[tuple[str, str], type] = {}
+
+    def declare(self, *ops: str, domain: str = "") -> Callable[[_Class], _Class]:
+        """A class decorator: the class holds every adapter of the operators ``ops`` of
+        ``domain``, its attribute ``version_N`` (a function, or a static method) the one for the
+        boundary ``N``. Each is registered, and the class is recorded as the one that declares
+        those operators; an operator that another class declares already is refused."""
+
+        def decorator(cls: _Class) -> _Class:
+            versions = versions_of(cls)
+            if not ops or not versions:
+                raise TorchscanValueError(
+                    f"torchscan.onnx: {cls.__qualname__} declares no adapter of an operator"
+                )
+            for op in ops:
+                declared = self._declared.get((_canonical(domain), op))
+                if declared is not None:
+                    raise TorchscanValueError(
+                        f"torchscan.onnx: the adapters of {op} are declared by "
+                        f"{declared.__module__}.{declared.__qualname__} already"
+                    )
+            for op in ops:
+                self._declared[(_canonical(domain), op)] = cls
+                for since, adapter in versions.items():
+                    self.add(domain, op, since, adapter)
+            return cls
+
+        return decorator
 
     def register(
         self, domain: str, ops: str | Sequence[str], *since: int
     ) -> Callable[[Adapter], Adapter]:
         """A decorator registering its adapter for every operator of ``ops`` (one name or
-        several) of ``domain`` at every since version of ``since``."""
+        several) of ``domain`` at every since version of ``since``, declared by no class."""
 
         def decorator(adapter: Adapter) -> Adapter:
             for op in [ops] if isinstance(ops, str) else ops:
@@ -56,6 +106,10 @@ class AdapterRegistry:
         """The adapter for the boundary ``since`` of ``op`` in ``domain``, or None."""
         return self._adapters.get((_canonical(domain), op, since))
 
+    def declared_by(self, domain: str, op: str) -> type | None:
+        """The class that declares the adapters of ``op`` in ``domain``, or None."""
+        return self._declared.get((_canonical(domain), op))
+
     def __iter__(self) -> Iterator[tuple[str, str, int]]:
         return iter(self._adapters)
 
@@ -64,4 +118,4 @@ class AdapterRegistry:
 
 
 registry = AdapterRegistry()
-register = registry.register
+adapters = registry.declare

@@ -1,8 +1,10 @@
-"""The adapter for Einsum, which does not exist before opset 12: its equation decomposed into
-sums, transpositions, and products of two operands at a time (``MatMul``).
+"""Adapters for Einsum, which does not exist before opset 12: its equation decomposed into sums,
+transpositions, and products of two operands at a time (``MatMul``).
 
-Each adapter is registered for ``("", op, b)`` and returns nodes valid at opset ``b - 1`` (see
-``_adapters_attributes``); each docstring quotes the change of the specification it undoes.
+Each class declares every adapter of its operators (``_registry.adapters``): its ``version_N``
+receives a node valid at opset ``N`` and returns nodes valid at opset ``N - 1``, or raises the
+context's refusal, saying what is missing. Each docstring quotes the change of the
+specification it undoes.
 """
 
 from __future__ import annotations
@@ -13,16 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._adapters_gather import (
-    Int,
-    Lengths,
-    lengths_of,
-    product,
-    scalar,
-    vector,
-)
+from torchscan.onnx._convert._blocks import Int, Lengths, lengths_of, product, scalar, vector
 from torchscan.onnx._convert._context import FLOATS, Builder, Context, attribute
-from torchscan.onnx._convert._registry import register
+from torchscan.onnx._convert._registry import adapters
 
 _Operand = tuple[ir.Value, list[str], list[int | None] | None]
 """A tensor, the subscript of each of its axes, and its shape where its rank is known."""
@@ -85,47 +80,53 @@ def parse_equation(equation: str, ranks: Sequence[int]) -> tuple[list[list[str]]
     return parsed, result
 
 
-@register("", "Einsum", 12)
-def _einsum_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
-    """Einsum does not exist before opset 12. Its equation is decomposed: each operand is first
-    summed over the subscripts that no other operand and not the output has; then the operands
-    are multiplied two at a time, left to right. In each product the subscripts of both are
-    either kept, which makes them batch axes, or summed, which makes them the contracted axis of
-    a ``MatMul``: each operand is transposed to [batch, own, summed] (the other to [batch,
-    summed, own]) and reshaped to three groups of axes, and the product reshaped back. (Before
-    opset 9, MatMul takes floating-point types only: integers are multiplied elementwise with
-    broadcasting and summed, which is exact as integer arithmetic wraps around.) A last
-    transposition puts the axes in the output's order.
+@adapters("Einsum")
+class Einsum:
+    """Einsum, which opset 12 introduced."""
 
-    Equations with a subscript repeated within one operand (a diagonal: ``ii->i``) or an
-    ellipsis that is summed over are refused."""
-    operands = list(node.inputs)
-    ranks = [ctx.require_rank(node, boundary, value) for value in operands]
-    elem = ctx.elem_type(operands[0])
-    if elem is None:
-        raise ctx.refuse(node, boundary, "the type of its inputs is unknown")
-    equation = attribute(node, "equation", "")
-    try:
-        terms, result = parse_equation(equation, ranks)
-    except _Unsupported as error:
-        raise ctx.refuse(node, boundary, str(error)) from None
-    b = Builder(ctx)
-    pending: list[_Operand] = [(v, t, ctx.shape(v)) for v, t in zip(operands, terms, strict=True)]
-    for i, (value, term, shape) in enumerate(pending):
-        needed = set(result).union(*(t for j, (_, t, _) in enumerate(pending) if j != i))
-        pending[i] = _sum_over(b, elem, (value, term, shape), needed)
-    current = pending[0]
-    for i in range(1, len(pending)):
-        needed = set(result).union(*(t for _, t, _ in pending[i + 1 :]))
-        current = _contract(b, elem, current, pending[i], needed)
-    current = _sum_over(b, elem, current, set(result))
-    value, term, shape = current
-    perm = [term.index(s) for s in result]
-    if perm != list(range(len(perm))):
-        b.op("Transpose", [value], None, output=node.outputs[0], perm=perm)
-    else:
-        b.op("Identity", [value], None, output=node.outputs[0])
-    return b.nodes
+    @staticmethod
+    def version_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+        """Einsum does not exist before opset 12. Its equation is decomposed: each operand is first
+        summed over the subscripts that no other operand and not the output has; then the operands
+        are multiplied two at a time, left to right. In each product the subscripts of both are
+        either kept, which makes them batch axes, or summed, which makes them the contracted axis of
+        a ``MatMul``: each operand is transposed to [batch, own, summed] (the other to [batch,
+        summed, own]) and reshaped to three groups of axes, and the product reshaped back. (Before
+        opset 9, MatMul takes floating-point types only: integers are multiplied elementwise with
+        broadcasting and summed, which is exact as integer arithmetic wraps around.) A last
+        transposition puts the axes in the output's order.
+
+        Equations with a subscript repeated within one operand (a diagonal: ``ii->i``) or an
+        ellipsis that is summed over are refused."""
+        operands = list(node.inputs)
+        ranks = [ctx.require_rank(node, boundary, value) for value in operands]
+        elem = ctx.elem_type(operands[0])
+        if elem is None:
+            raise ctx.refuse(node, boundary, "the type of its inputs is unknown")
+        equation = attribute(node, "equation", "")
+        try:
+            terms, result = parse_equation(equation, ranks)
+        except _Unsupported as error:
+            raise ctx.refuse(node, boundary, str(error)) from None
+        b = Builder(ctx)
+        pending: list[_Operand] = [
+            (v, t, ctx.shape(v)) for v, t in zip(operands, terms, strict=True)
+        ]
+        for i, (value, term, shape) in enumerate(pending):
+            needed = set(result).union(*(t for j, (_, t, _) in enumerate(pending) if j != i))
+            pending[i] = _sum_over(b, elem, (value, term, shape), needed)
+        current = pending[0]
+        for i in range(1, len(pending)):
+            needed = set(result).union(*(t for _, t, _ in pending[i + 1 :]))
+            current = _contract(b, elem, current, pending[i], needed)
+        current = _sum_over(b, elem, current, set(result))
+        value, term, shape = current
+        perm = [term.index(s) for s in result]
+        if perm != list(range(len(perm))):
+            b.op("Transpose", [value], None, output=node.outputs[0], perm=perm)
+        else:
+            b.op("Identity", [value], None, output=node.outputs[0])
+        return b.nodes
 
 
 def _sum_over(b: Builder, elem: ir.DataType, operand: _Operand, needed: set[str]) -> _Operand:
@@ -149,7 +150,7 @@ def _sum_last(b: Builder, elem: ir.DataType, value: ir.Value, rank: int, count: 
     rounds some int64 sums through double, and its MatMul takes no integers before opset 9. The
     axes are made one, a 0 put before it (so that an empty axis sums to 0), and the last of its
     cumulative sums taken, which CumSum computes with integer additions (a Scan below opset 11,
-    ``_adapters_control``)."""
+    ``_ops_control.CumSum``)."""
     lengths = lengths_of(b, value)
     kept = rank - count
     merged = product(b, lengths.of(range(kept, rank)))
