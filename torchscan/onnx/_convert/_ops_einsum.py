@@ -1,10 +1,5 @@
 """Adapters for Einsum, which does not exist before opset 12: its equation decomposed into sums,
 transpositions, and products of two operands at a time (``MatMul``).
-
-Each class declares every adapter of its operators (``_registry.adapters``): its ``version_N``
-receives a node valid at opset ``N`` and returns nodes valid at opset ``N - 1``, or raises the
-context's refusal, saying what is missing. Each docstring quotes the change of the
-specification it undoes.
 """
 
 from __future__ import annotations

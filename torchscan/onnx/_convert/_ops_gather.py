@@ -8,11 +8,6 @@ and ``Gather`` (opset 1) or ``Scatter`` (opset 9) moves its elements, so every v
 infinities, NaN and -0.0 included, comes out as it went in. Only the offsets are computed, in
 int64, from the indices and the dimensions of the data read with ``Shape`` when the model runs,
 so dynamic shapes convert too (``_blocks``).
-
-Each class declares every adapter of its operators (``_registry.adapters``): its ``version_N``
-receives a node valid at opset ``N`` and returns nodes valid at opset ``N - 1``, or raises the
-context's refusal, saying what is missing. Each docstring quotes the change of the
-specification it undoes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
 """Adapters for constants and types: Constant, ConstantOfShape and CastLike.
-
-Each class declares every adapter of its operators (``_registry.adapters``): its ``version_N``
-receives a node valid at opset ``N`` and returns nodes valid at opset ``N - 1``, or raises the
-context's refusal, saying what is missing. Each docstring quotes the change of the
-specification it undoes.
 """
 
 from __future__ import annotations

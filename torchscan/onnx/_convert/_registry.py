@@ -9,6 +9,9 @@ Every adapter of an operator, at all its boundaries, is declared in one class de
 :func:`adapters`: its attribute ``version_N`` is the adapter for the boundary ``N``. A class
 declares one operator, or several that share every version, and no operator is declared by two
 classes. The classes are in the ``_ops_*`` modules, one module for each family of operators.
+An adapter that cannot express its node exactly below the boundary raises the context's refusal,
+saying what is missing; each adapter's docstring quotes the change of the specification it
+undoes.
 """
 
 from __future__ import annotations
