@@ -1,5 +1,4 @@
-"""Adapters for constants and types: Constant, ConstantOfShape and CastLike.
-"""
+"""Adapters for constants and types: Constant, ConstantOfShape and CastLike."""
 
 from __future__ import annotations
 
