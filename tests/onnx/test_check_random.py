@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
 from onnx import TensorProto
@@ -15,7 +16,8 @@ from onnx import helper as oh
 
 import torchscan
 import torchscan.onnx
-from torchscan.onnx._check._random_ops import RANDOM_OPS, random_outputs
+from torchscan.onnx._check import _random_ops
+from torchscan.onnx._check._random_ops import RANDOM_OPS
 
 from .._export import onnx_export
 
@@ -23,6 +25,11 @@ logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
 info = oh.make_tensor_value_info
 F = TensorProto.FLOAT
+
+
+def random_outputs(model: onnx.ModelProto) -> dict[str, str]:
+    """:func:`_random_ops.random_outputs` of ``model``, read into onnx_ir."""
+    return _random_ops.random_outputs(ir.serde.deserialize_model(model))
 
 
 def _scan_body(nodes: list[onnx.NodeProto]) -> onnx.GraphProto:

@@ -19,7 +19,7 @@ from torch._higher_order_ops.scan import scan as hop_scan
 
 import torchscan
 import torchscan.onnx
-from torchscan.onnx._check import _diff, _inputs, _random
+from torchscan.onnx._check import _diff, _inputs, _load, _random
 
 from .._export import onnx_export
 
@@ -286,8 +286,14 @@ def _scan_over(*xs: tuple, h: tuple = (2,), axes: list[int] | None = None) -> on
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
 
 
+def _random_inputs(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, object]:
+    """The random inputs ``check`` makes for ``model``, read as ``check`` reads it."""
+    loaded = _load.read_model(model, "<ModelProto>")
+    return _random.random_inputs(loaded.model, dims, loaded.typed)
+
+
 def _random_shapes(model: onnx.ModelProto, **dims: int) -> dict[str, tuple]:
-    return {name: value.shape for name, value in _random.random_inputs(model, dims).items()}
+    return {name: value.shape for name, value in _random_inputs(model, dims).items()}
 
 
 def test_the_scan_inputs_of_one_scan_get_one_length_whatever_their_dimension_names() -> None:
@@ -358,7 +364,7 @@ def test_onnx_s_test_loop11_passes_on_random_inputs() -> None:
         "onnxruntime": "ok",
         "onnxruntime-unoptimized": "ok",
     }
-    feeds = _random.random_inputs(backend_cases()["test_loop11"].model, {})
+    feeds = _random_inputs(backend_cases()["test_loop11"].model, {})
     assert (feeds["trip_count"].item(), feeds["cond"].item()) == (3, True)
     outputs = [(o.name, o.shape) for o in report.comparisons[0].outputs]
     assert outputs == [("res_y", "(1,)"), ("res_scan", "(3, 1)")]  # 3 iterations, not 0
@@ -735,12 +741,14 @@ CHECK_ERRORS: dict[str, tuple[Callable[[dict], object], type, str]] = {
         "{map.onnx}: onnx_ir cannot read the model to lint it: Map types are not supported yet.",
     ),
     "pb file of a sparse tensor": (
-        lambda f: _inputs.read_inputs(f["maps"], _with_input(_sparse_type())),
+        lambda f: _inputs.read_inputs(
+            f["maps"], _load.read_model(_with_input(_sparse_type()), "<ModelProto>").model
+        ),
         ValueError,
         "{maps}/input_2.pb: cannot read input 'm', of type sparse_tensor_type, from it",
     ),
     "random sparse tensor": (
-        lambda f: _random.random_inputs(_with_input(_sparse_type()), {}),
+        lambda f: _random_inputs(_with_input(_sparse_type()), {}),
         ValueError,
         "input 'm' is of type sparse_tensor_type: give its values with inputs",
     ),

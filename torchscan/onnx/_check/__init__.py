@@ -1,6 +1,9 @@
 """The check tool behind ``torchscan check`` and ``torchscan.onnx.check``, one module per concern:
 ``_compare`` (``check``, and running the runtimes against a baseline), ``_load`` (reading model
-files, with a parser of the protobuf wire format that says what is wrong with a corrupt one),
+files, with a parser of the protobuf wire format that says what is wrong with a corrupt one, and
+reading the model into onnx_ir once, as given and with the types ONNX shape inference adds, for
+every analysis: protobuf stays there, in the reader of ``.pb`` test data and in the runtimes,
+as ``tests/onnx/test_check_ir.py`` holds),
 ``_inputs`` and ``_random`` (given and random inputs), ``_runtimes`` (onnxruntime, in a child
 process where a crash is plausible, onnx's reference evaluator with the operators of
 ``_reference_ops`` and a ``Loop`` that follow the specification, and eager PyTorch), ``_limit``

@@ -1,6 +1,7 @@
 """``torchscan.onnx.check``: lint a model's Scan and Loop nodes, and compare its runtimes. The
 model is read (from a path, bytes or a ``ModelProto``) with errors that say what is wrong with the
-file (:mod:`torchscan.onnx._check._load`); its ``Scan`` and ``Loop`` nodes are linted
+file, and into onnx_ir once, which every analysis reads (:mod:`torchscan.onnx._check._load`); its
+``Scan`` and ``Loop`` nodes are linted
 (:mod:`torchscan.onnx._check._lint`); then it is run in onnxruntime and in onnx's reference
 evaluator (:mod:`torchscan.onnx._check._runtimes`), and optionally eager PyTorch, on the same
 inputs (:mod:`torchscan.onnx._check._inputs`, :mod:`torchscan.onnx._check._random`), and every
@@ -9,6 +10,7 @@ output is held against a baseline (:mod:`torchscan.onnx._check._diff`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -30,10 +32,11 @@ from torchscan.onnx._check._inputs import (
     _Source,
     _torch_args,
     model_name,
+    output_names,
     read_inputs,
 )
 from torchscan.onnx._check._limit import TimedOut, within
-from torchscan.onnx._check._load import _check_readable, load_model
+from torchscan.onnx._check._load import LoadedModel, load
 from torchscan.onnx._check._random import SEED, random_inputs
 from torchscan.onnx._check._random_ops import random_outputs
 from torchscan.onnx._check._report import (
@@ -179,10 +182,10 @@ def _check(
     strict: bool,
 ) -> CheckReport:
     _check_options(atol, rtol, runtimes, module, args, timeout)
-    proto, label = load_model(model)
-    _check_readable(proto, label)
+    loaded = load(model)
+    label = loaded.label
     try:
-        linted = _lint.lint(proto)
+        linted = _lint.lint(loaded.typed)
     except ValueError as error:
         raise TorchscanValueError(f"{label}: {error}") from None
     if not linted.nodes:
@@ -192,9 +195,7 @@ def _check(
     notes = linted.notes
     endless = [f.node for f in linted.findings if f.rule == "loop-never-ends"]
     if runtimes or module is not None:
-        feeds, expected_values, described = _inputs(
-            proto, label, inputs, expected, module, args, dims
-        )
+        feeds, expected_values, described = _inputs(loaded, inputs, expected, module, args, dims)
         if module is not None and args is None:
             args = _torch_args(feeds)
     if endless and (runtimes or module is not None):
@@ -203,9 +204,12 @@ def _check(
             f"so no runtime could finish it",
         )
     elif runtimes or module is not None:
-        random = random_outputs(proto)
+        # The runs read the model as given: the copy that shape inference made for the lint and
+        # the random inputs is let go before the runtimes make copies of their own.
+        loaded = dataclasses.replace(loaded, typed=loaded.model)
+        random = random_outputs(loaded.model)
         comparisons = compare(
-            proto,
+            loaded,
             feeds,
             expected=expected_values,
             module=module,
@@ -217,7 +221,7 @@ def _check(
             random=random,
             timeout=timeout,
         )
-        notes += _levels_differ(comparisons, names=[o.name for o in proto.graph.output])
+        notes += _levels_differ(comparisons, names=output_names(loaded.model))
         if any(c.status in (OK, MISMATCH) for c in comparisons):
             notes += tuple(
                 f"{name}: not compared: {RANDOM}: its values depend on {op}, which no two "
@@ -266,8 +270,7 @@ def _check_options(
 
 
 def _inputs(
-    model: onnx.ModelProto,
-    label: str,
+    loaded: LoadedModel,
     inputs: Any,
     expected: Any,
     module: Any,
@@ -275,9 +278,10 @@ def _inputs(
     dims: Mapping[str, int] | None,
 ) -> tuple[dict[str, Any], list[Any] | None, tuple[str, ...]]:
     """The feeds, the expected outputs (or None) and a description of the feeds."""
+    model, label = loaded.model, loaded.label
     expected_values = None if expected is None else _by_position(model, expected)
     if inputs is None and args is None:
-        feeds = random_inputs(model, dims or {})
+        feeds = random_inputs(model, dims or {}, loaded.typed)
         source = f"random (seed {SEED})"
     elif dims:
         raise TorchscanValueError("dims sets the sizes of random inputs, but the inputs were given")
@@ -302,7 +306,7 @@ def _inputs(
 
 
 def compare(
-    model: onnx.ModelProto,
+    model: LoadedModel,
     feeds: dict[str, Any],
     *,
     expected: list[Any] | None = None,
@@ -318,7 +322,7 @@ def compare(
     """Run ``model`` in ``runtimes`` (and ``module(*args)``) and hold each against a baseline.
 
     Args:
-      model: the model.
+      model: the model, as :func:`~torchscan.onnx._check._load.load` reads it.
       feeds: its inputs by name.
       expected: the outputs it must give, in output order; the baseline where given.
       module: eager PyTorch to compare with; its outputs are the baseline unless ``expected``.
@@ -334,8 +338,8 @@ def compare(
     Returns:
       One :class:`Comparison` per source, the baseline first.
     """
-    names = [o.name for o in model.graph.output]
-    random = random_outputs(model) if random is None else random
+    names = output_names(model.model)
+    random = random_outputs(model.model) if random is None else random
     results: dict[str, list[Any] | BaseException] = {}
     if expected is not None:
         results["expected"] = expected

@@ -2,7 +2,8 @@
 folder of ``input_*.pb`` and ``output_*.pb`` files, a mapping or a sequence, or the tensors of
 ``args``; made what the runtimes take (numpy arrays, lists of them for sequences, None for empty
 optionals; torch's bfloat16 and float8 through ``ml_dtypes``), held against the model's input
-types before anything runs, and described in the words of the report.
+types (read in onnx_ir) before anything runs, and described in the words of the report. The
+``.pb`` files are protobuf by nature, and read as such (:func:`_read_proto`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,47 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.numpy_helper
+import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from torchscan._errors import TorchscanValueError
+from torchscan.onnx._check._load import UNTYPED_TENSOR
 
 
-def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+def graph_inputs(model: ir.Model) -> list[ir.Value]:
     """The inputs a model must be fed: its graph inputs that are not initializers."""
-    initialized = {t.name for t in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in initialized]
+    initialized = set(model.graph.initializers)
+    return [i for i in model.graph.inputs if i.name not in initialized]
+
+
+def output_names(model: ir.Model) -> list[str]:
+    """The names of the model's outputs, in order."""
+    return [o.name or "" for o in model.graph.outputs]
+
+
+def value_type(value: ir.Value) -> ir.TypeProtocol | None:
+    """The type of a value as the model declares it, or None where it declares none. A tensor
+    type without an element type, which onnx_ir reads as no type (keeping its shape, if any),
+    is a tensor of an undefined element type."""
+    if value.type is None and (value.shape is not None or value.meta.get(UNTYPED_TENSOR)):
+        return ir.TensorType(ir.DataType.UNDEFINED)
+    return value.type
+
+
+_KINDS: tuple[tuple[type, str], ...] = (
+    (ir.TensorType, "tensor_type"),
+    (ir.SparseTensorType, "sparse_tensor_type"),
+    (ir.SequenceType, "sequence_type"),
+    (ir.OptionalType, "optional_type"),
+)
+
+
+def _kind(type_: ir.TypeProtocol | None) -> str | None:
+    """What ``type_`` is, by the name of its field in ONNX's ``TypeProto`` (``"tensor_type"``,
+    ``"sequence_type"``, ...), as messages name it; None for no type."""
+    if type_ is None:
+        return None
+    return next((name for cls, name in _KINDS if isinstance(type_, cls)), str(type_))
 
 
 def _describe(value: Any) -> str:
@@ -41,40 +74,43 @@ def _dtype_name(dtype: np.dtype) -> str:
     return "string" if dtype.kind in "OUS" else dtype.name
 
 
-def _type_text(type_proto: onnx.TypeProto) -> str:
-    """An ONNX type in the words of :func:`_describe`, as in ``float32[T, 2]``."""
-    kind = type_proto.WhichOneof("value")
-    if kind == "sequence_type":
-        return f"seq of {_type_text(type_proto.sequence_type.elem_type)}"
-    if kind == "optional_type":
-        return f"optional {_type_text(type_proto.optional_type.elem_type)}"
-    if kind != "tensor_type":
-        return str(kind)
-    tensor = type_proto.tensor_type
-    expected = _np_dtype(tensor.elem_type)
-    name = (
-        _dtype_name(expected)
-        if expected is not None
-        else onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
-    )
-    if not tensor.HasField("shape"):
+def _type_text(type_: ir.TypeProtocol | None, shape: ir.Shape | None) -> str:
+    """An ONNX type in the words of :func:`_describe`, as in ``float32[T, 2]``; ``shape`` is the
+    shape of its tensor (onnx_ir keeps the shape of a sequence's or an optional's tensor on the
+    value, as that of the value)."""
+    if isinstance(type_, ir.SequenceType):
+        return f"seq of {_type_text(type_.elem_type, shape)}"
+    if isinstance(type_, ir.OptionalType):
+        return f"optional {_type_text(type_.elem_type, shape)}"
+    if not isinstance(type_, ir.TensorType):
+        return str(_kind(type_))
+    expected = _np_dtype(type_.dtype)
+    name = _dtype_name(expected) if expected is not None else type_.dtype.name.lower()
+    if shape is None:
         return f"{name} of any shape"
-    return f"{name}[{', '.join(_dim_text(d) for d in tensor.shape.dim)}]"
+    return f"{name}[{', '.join(_dim_text(d) for d in shape)}]"
 
 
-def _dim_text(dim: onnx.TensorShapeProto.Dimension) -> str:
-    if dim.HasField("dim_value"):
-        return str(dim.dim_value)
-    return dim.dim_param if dim.HasField("dim_param") else "?"
+def _dim_text(dim: int | ir.SymbolicDim) -> str:
+    if isinstance(dim, int):
+        return str(dim)
+    return "?" if dim.value is None else dim.value
 
 
-def _np_dtype(elem_type: int) -> np.dtype | None:
-    if elem_type == onnx.TensorProto.UNDEFINED:
-        return None
-    try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, ValueError, TypeError):
-        return None
+@functools.cache
+def _numpy_dtypes() -> dict[int, np.dtype]:
+    """numpy's type for every ONNX element type that has one (all but UNDEFINED), by number."""
+    found = {}
+    for data_type in ir.DataType:
+        try:
+            found[int(data_type)] = np.dtype(data_type.numpy())
+        except (KeyError, ValueError, TypeError):
+            continue
+    return found
+
+
+def _np_dtype(elem_type: ir.DataType) -> np.dtype | None:
+    return _numpy_dtypes().get(int(elem_type))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,55 +143,57 @@ def model_name(label: str) -> str:
     return "the model" if label.startswith("<") else label
 
 
-def _check_fit(model: onnx.ModelProto, feeds: Mapping[str, Any], source: _Source) -> None:
+def _check_fit(model: ir.Model, feeds: Mapping[str, Any], source: _Source) -> None:
     """Refuse values that the model's inputs do not take, before anything runs: a runtime
     would fail on them, or worse, onnx.reference would compute in their type."""
     for info in graph_inputs(model):
         value = feeds[info.name]
-        problem = _misfit(info.type, value)
+        type_ = value_type(info)
+        problem = _misfit(type_, info.shape, value)
         if problem:
             raise TorchscanValueError(
-                f"{source.model}: input {info.name!r} takes {_type_text(info.type)}, but "
-                f"{source.gives(info.name)} {_describe(value)}: {problem}"
+                f"{source.model}: input {info.name!r} takes {_type_text(type_, info.shape)}, "
+                f"but {source.gives(info.name)} {_describe(value)}: {problem}"
             )
 
 
-def _misfit(type_proto: onnx.TypeProto, value: Any, shapes: bool = True) -> str | None:
-    """Why ``value`` is not of type ``type_proto``, or None. Sequence elements are held to their
-    element type only, as their declared shapes often stand for several shapes."""
-    kind = type_proto.WhichOneof("value")
-    if kind == "optional_type":
-        return None if value is None else _misfit(type_proto.optional_type.elem_type, value)
-    if kind == "sequence_type":
+def _misfit(
+    type_: ir.TypeProtocol | None, shape: ir.Shape | None, value: Any, shapes: bool = True
+) -> str | None:
+    """Why ``value`` is not of type ``type_`` (its tensor of shape ``shape``), or None.
+    Sequence elements are held to their element type only, as their declared shapes often stand
+    for several shapes."""
+    if isinstance(type_, ir.OptionalType):
+        return None if value is None else _misfit(type_.elem_type, shape, value)
+    if isinstance(type_, ir.SequenceType):
         if not isinstance(value, list):
             return "it is not a sequence (give a list of tensors)"
         for i, item in enumerate(value):
-            problem = _misfit(type_proto.sequence_type.elem_type, item, shapes=False)
+            problem = _misfit(type_.elem_type, shape, item, shapes=False)
             if problem:
                 return f"its element {i}: {problem}"
         return None
-    if kind != "tensor_type":
+    if not isinstance(type_, ir.TensorType):
         return None  # map and sparse inputs: the runtimes say what they make of them
     if value is None or isinstance(value, list):
         return "it is not a tensor"
-    tensor = type_proto.tensor_type
-    expected = _np_dtype(tensor.elem_type)
+    expected = _np_dtype(type_.dtype)
     if expected is not None and not (
         value.dtype == expected or (expected.kind == "O" and value.dtype.kind in "OUS")
     ):
         return f"its element type is {_dtype_name(value.dtype)}, not {_dtype_name(expected)}"
-    if not (shapes and tensor.HasField("shape")):
+    if not shapes or shape is None:
         return None
-    dims = tensor.shape.dim
+    dims = list(shape)
     if value.ndim != len(dims):
         return f"its rank is {value.ndim}, not {len(dims)}"
     for axis, (dim, size) in enumerate(zip(dims, value.shape, strict=True)):
-        if dim.HasField("dim_value") and dim.dim_value != size:
-            return f"its dimension {axis} is {size}, not {dim.dim_value}"
+        if isinstance(dim, int) and dim != size:
+            return f"its dimension {axis} is {size}, not {dim}"
     return None
 
 
-def _feeds(model: onnx.ModelProto, values: Any, source: _Source) -> dict[str, Any]:
+def _feeds(model: ir.Model, values: Any, source: _Source) -> dict[str, Any]:
     """Map given values (by name or by position) onto the model's inputs."""
     names = [i.name for i in graph_inputs(model)]
     listed = ", ".join(names) or "none"
@@ -185,8 +223,9 @@ def _feeds(model: onnx.ModelProto, values: Any, source: _Source) -> dict[str, An
     return feeds
 
 
-def _by_position(model: onnx.ModelProto, values: Any) -> list[Any]:
-    names = [o.name for o in model.graph.output]
+def _by_position(model: ir.Model, values: Any) -> list[Any]:
+    """The expected outputs, in the model's output order."""
+    names = output_names(model)
     if isinstance(values, Mapping):
         missing = [n for n in names if n not in values]
         if missing:
@@ -215,7 +254,7 @@ def _as_value(value: Any) -> Any:
 
 
 def read_inputs(
-    path: str | os.PathLike, model: onnx.ModelProto, label: str = "the model"
+    path: str | os.PathLike, model: ir.Model, label: str = "the model"
 ) -> tuple[dict, list | None]:
     """Feeds from an ``.npz`` file or a folder of ``input_*.pb`` files, and the expected
     outputs from the folder's ``output_*.pb`` files where there are any; errors name the model
@@ -248,7 +287,7 @@ def read_inputs(
     return _feeds(model, arrays, source), None
 
 
-def _read_test_data(folder: Path, model: onnx.ModelProto, label: str) -> tuple[dict, list | None]:
+def _read_test_data(folder: Path, model: ir.Model, label: str) -> tuple[dict, list | None]:
     if not list(folder.glob("input_*.pb")):
         data_sets = sorted(folder.glob("test_data_set_*"))
         if not data_sets:
@@ -258,14 +297,14 @@ def _read_test_data(folder: Path, model: onnx.ModelProto, label: str) -> tuple[d
         folder = data_sets[0]
     infos = graph_inputs(model)
     inputs, files = _read_protos(folder, "input", infos, label)
-    outputs, _ = _read_protos(folder, "output", list(model.graph.output), label)
+    outputs, _ = _read_protos(folder, "output", list(model.graph.outputs), label)
     named = {info.name: str(file) for info, file in zip(infos, files, strict=False)}
     source = _Source(str(folder), model_name(label), files=named)
     return _feeds(model, inputs, source), outputs or None
 
 
 def _read_protos(
-    folder: Path, prefix: str, infos: Sequence[onnx.ValueInfoProto], label: str
+    folder: Path, prefix: str, infos: Sequence[ir.Value], label: str
 ) -> tuple[list[Any], list[Path]]:
     files = sorted(folder.glob(f"{prefix}_*.pb"), key=lambda p: _index(p, prefix))
     if files and len(files) != len(infos):
@@ -274,7 +313,7 @@ def _read_protos(
             f"{len(infos)} {prefix}s"
         )
     values = [
-        _read_proto(file, info.type, f"{prefix} {info.name!r}")
+        _read_proto(file, _kind(value_type(info)), f"{prefix} {info.name!r}")
         for file, info in zip(files, infos, strict=False)
     ]
     return values, files
@@ -285,10 +324,10 @@ def _index(path: Path, prefix: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def _read_proto(file: Path, type_proto: onnx.TypeProto, what: str) -> Any:
-    """One ``.pb`` file, read as the proto its value's type calls for (as ONNX's backend tests
-    write them: TensorProto, SequenceProto or OptionalProto)."""
-    kind = type_proto.WhichOneof("value")
+def _read_proto(file: Path, kind: str | None, what: str) -> Any:
+    """One ``.pb`` file, read as the proto its value's type (of :func:`_kind` ``kind``) calls
+    for, as ONNX's backend tests write them: TensorProto, SequenceProto or OptionalProto. These
+    files are protobuf by nature: this is the one reader of them."""
     readers = {
         "tensor_type": (onnx.TensorProto, onnx.numpy_helper.to_array),
         "sequence_type": (onnx.SequenceProto, onnx.numpy_helper.to_list),
@@ -309,7 +348,7 @@ def _read_proto(file: Path, type_proto: onnx.TypeProto, what: str) -> Any:
 
 
 def _feeds_from_args(
-    model: onnx.ModelProto, args: Sequence[Any], label: str = "the model"
+    model: ir.Model, args: Sequence[Any], label: str = "the model"
 ) -> dict[str, Any]:
     import torch
 

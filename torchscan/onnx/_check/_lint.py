@@ -12,17 +12,15 @@ is always a contradiction, never a guess.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 
 import onnx
 import onnx.defs
-import onnx.shape_inference
 import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _ir, _opsets
+from torchscan.onnx._check import _load
 from torchscan.onnx._check._if_rules import if_nodes, lint_if
 from torchscan.onnx._check._loop_rules import _lint_loop
 from torchscan.onnx._check._report import CheckedNode, Finding
@@ -41,11 +39,14 @@ class LintResult:
     notes: tuple[str, ...]
 
 
-def lint(model: onnx.ModelProto) -> LintResult:
+def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
     """Check every ``Scan`` and ``Loop`` node of ``model`` against the rules of its version.
 
     Args:
-      model: the model; it is not modified.
+      model: the model with the types and shapes ONNX shape inference adds, in onnx_ir
+        (:attr:`~torchscan.onnx._check._load.LoadedModel.typed`); it is not modified. An
+        ``onnx.ModelProto`` is first inferred and read into onnx_ir
+        (:func:`~torchscan.onnx._check._load.typed_model`).
 
     Returns:
       The nodes checked, in graph order (a node's bodies right after it), and the findings.
@@ -55,8 +56,8 @@ def lint(model: onnx.ModelProto) -> LintResult:
         Loop node's graph imports no version of the default ONNX domain, so that the version
         in force for the node is unknown.
     """
-    opset = default_opset(model.opset_import)
-    graph = _deserialize(_with_inferred_types(model))
+    graph = model if isinstance(model, ir.Model) else _load.typed_model(model)
+    opset = default_opset(graph.opset_imports)
     findings: list[Finding] = []
     nodes: list[CheckedNode] = []
     notes: set[str] = set()
@@ -90,41 +91,14 @@ def lint(model: onnx.ModelProto) -> LintResult:
 # --- finding the nodes and the version in force -------------------------------------------------
 
 
-def default_opset(imports: Sequence[onnx.OperatorSetIdProto]) -> int | None:
-    """The version of the default ONNX domain among a model's opset imports, or None."""
-    return next((i.version for i in imports if _ir.is_default_domain(i.domain)), None)
+def default_opset(imports: Mapping[str, int]) -> int | None:
+    """The version of the default ONNX domain among a model's ``{domain: version}`` opset
+    imports (the first that names it, ``""`` or ``"ai.onnx"``), or None."""
+    return next((v for domain, v in imports.items() if _ir.is_default_domain(domain)), None)
 
 
 def _default_opset_ir(imports: dict[str, int]) -> int | None:
     return _ir.default_opset(imports)
-
-
-def _with_inferred_types(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with the types and shapes ONNX can infer, or as it is where inference fails
-    (a model broken enough to be linted is often too broken to be inferred)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-    except Exception:  # any failure of inference leaves the model's own annotations
-        return model
-
-
-def _deserialize(model: onnx.ModelProto) -> ir.Model:
-    """``model`` in onnx_ir, without the log lines onnx_ir writes about a broken model: the
-    lint's findings say what is broken."""
-    logger = logging.getLogger(ir.serde.__name__)
-    disabled, logger.disabled = logger.disabled, True
-    try:
-        return ir.serde.deserialize_model(model)
-    except Exception as error:  # SerdeError, and whatever a corrupt model makes onnx_ir raise
-        cause: BaseException = error
-        while cause.__cause__ is not None:  # onnx_ir wraps the reason in errors of its own
-            cause = cause.__cause__
-        reason = " ".join(str(cause).split()) or type(cause).__name__
-        raise TorchscanValueError(f"onnx_ir cannot read the model to lint it: {reason}") from None
-    finally:
-        logger.disabled = disabled
 
 
 def _loop_nodes(graph: ir.Graph | ir.Function, prefix: str) -> Iterator[tuple[ir.Node, str]]:

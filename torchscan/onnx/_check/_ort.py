@@ -2,8 +2,9 @@
 
 ``check`` runs it in this process, or in a child process where a crash is plausible; the child
 runs this file as a script (``python _ort.py FOLDER``), so that it imports numpy and onnxruntime
-only, not torchscan, torch or onnx: its start-up costs a fraction of a second, and the time limit
-counts from when it is ready (it prints ``ready``), not from its start.
+only, not torchscan, torch or onnx (onnx_ir, and with it onnx, only for a tensor of a type numpy
+lacks, bfloat16 or float8, whose ONNX element type it gives): its start-up costs a fraction of a
+second, and the time limit counts from when it is ready (it prints ``ready``), not from its start.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ def _exotic_onnx_type(type_name: str) -> bool:
 def _to_ort_value(ort: Any, value: Any) -> Any:
     if not _is_exotic(value):
         return ort.OrtValue.ortvalue_from_numpy(value)
-    import onnx.helper
+    import onnx_ir as ir
 
-    onnx_type = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+    onnx_type = int(ir.DataType.from_numpy(value.dtype))
     # ascontiguousarray would make a scalar a vector of one
     bits = np.array(value, order="C", copy=True).view(f"uint{8 * value.dtype.itemsize}")
     return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx_type)
@@ -73,9 +74,9 @@ def _to_ort_value(ort: Any, value: Any) -> Any:
 def _from_ort_value(value: Any) -> np.ndarray:
     if not _exotic_onnx_type(value.data_type()):
         return value.numpy()
-    import onnx.helper
+    import onnx_ir as ir
 
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.element_type()))
+    dtype = np.dtype(ir.DataType(value.element_type()).numpy())
     shape, size = tuple(value.shape()), value.tensor_size_in_bytes()
     raw = (ctypes.c_char * size).from_address(value.data_ptr()) if size else b""
     return np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)

@@ -12,12 +12,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import onnx
+import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _ir
 from torchscan.onnx._check import _lint
-from torchscan.onnx._check._inputs import _dtype_name, graph_inputs
+from torchscan.onnx._check._inputs import (
+    _dtype_name,
+    _kind,
+    _numpy_dtypes,
+    graph_inputs,
+    value_type,
+)
 
 SEED = 0
 """Random inputs are drawn from ``numpy.random.default_rng(SEED)``: the same model gets the same
@@ -32,25 +38,44 @@ MAX_RANDOM_ELEMENTS = 2**24
 rather than left to exhaust the memory."""
 
 
-def random_inputs(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, Any]:
-    """Random values for the model's inputs, from their types (see :func:`check`)."""
+def random_inputs(model: ir.Model, dims: Mapping[str, int], typed: ir.Model) -> dict[str, Any]:
+    """Random values for the model's inputs, from their types (see :func:`check`).
+
+    Args:
+      model: the model as given.
+      dims: sizes of named dynamic dimensions.
+      typed: the model with the types ONNX shape inference adds
+        (:attr:`~torchscan.onnx._check._load.LoadedModel.typed`), which say which dimensions
+        must be equal.
+
+    Returns:
+      A value per input, by input name, in the model's input order.
+    """
     infos = graph_inputs(model)
-    sizes = _dim_sizes(model, infos, dims)
+    sizes = _dim_sizes(model, infos, dims, typed)
     rng = np.random.default_rng(SEED)
-    return {info.name: _random_value(info.name, info.type, sizes, rng) for info in infos}
+    return {
+        info.name: _random_value(info.name, value_type(info), info.shape, sizes, rng)
+        for info in infos
+    }
+
+
+Dim = int | ir.SymbolicDim
+"""A dimension as onnx_ir reads it: a static size, or a symbolic one, named or not."""
 
 
 def _dim_sizes(
-    model: onnx.ModelProto, infos: Sequence[onnx.ValueInfoProto], dims: Mapping[str, int]
+    model: ir.Model, infos: Sequence[ir.Value], dims: Mapping[str, int], typed: ir.Model
 ) -> dict[str, int]:
     """The size of each dynamic dimension of the inputs: as ``dims`` sets it, else as the
     dimensions it must equal (:func:`_equal_dims`), else one of its own that no static
     dimension of the model has."""
     named: list[str] = []
     for info in infos:
-        for dim in _tensor_dims(info.type):
-            if dim.HasField("dim_param") and dim.dim_param not in named:
-                named.append(dim.dim_param)
+        for dim in _tensor_dims(info):
+            name = _param(dim)
+            if name is not None and name not in named:
+                named.append(name)
     for name, size in dims.items():
         if name not in named:
             listed = ", ".join(named) or "none"
@@ -70,9 +95,9 @@ def _dim_sizes(
         return name
 
     groups = []
-    for why, group in _equal_dims(model):
-        params = [d.dim_param for d in group if d.HasField("dim_param") and d.dim_param in parent]
-        values = {d.dim_value for d in group if d.HasField("dim_value")}
+    for why, group in _equal_dims(typed):
+        params = [p for p in map(_param, group) if p is not None and p in parent]
+        values = {d for d in group if isinstance(d, int)}
         for name in params[1:]:
             parent[root(name)] = root(params[0])
         if params:
@@ -111,57 +136,90 @@ def _dim_sizes(
     return sizes
 
 
-def _static_sizes(model: onnx.ModelProto) -> set[int]:
-    """The sizes of the static dimensions of the model's inputs, outputs and initializers."""
+def _param(dim: Dim) -> str | None:
+    """The name of a named dynamic dimension (``dim_param``, which may be empty), or None."""
+    return None if isinstance(dim, int) else dim.value
+
+
+def _static_sizes(model: ir.Model) -> set[int]:
+    """The sizes of the static dimensions of the model's inputs, outputs, initializers and the
+    other values whose types it declares."""
     graph = model.graph
-    sizes = {int(d) for t in graph.initializer for d in t.dims}
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        sizes |= {d.dim_value for d in _tensor_dims(value.type) if d.HasField("dim_value")}
+    sizes = {
+        int(d)
+        for value in graph.initializers.values()
+        if value.const_value is not None
+        for d in value.const_value.shape
+    }
+    for value in (*graph.inputs, *graph.outputs, *graph.initializers.values(), *_declared(graph)):
+        sizes |= {d for d in _tensor_dims(value) if isinstance(d, int)}
     return sizes
 
 
-def _equal_dims(model: onnx.ModelProto) -> list[tuple[str, list[onnx.TensorShapeProto.Dimension]]]:
+def _declared(graph: ir.Graph) -> list[ir.Value]:
+    """The values of the nodes of ``graph`` (not of their bodies) whose types the model declares
+    (its ``value_info``, and its graph outputs)."""
+    return [
+        value
+        for node in graph
+        for value in node.outputs
+        if value.type is not None or value.shape is not None
+    ]
+
+
+def _equal_dims(model: ir.Model) -> list[tuple[str, list[Dim]]]:
     """Dimensions the specification makes equal, with what makes them so: the lengths of the
     scan inputs of each Scan node along their scan axes, and at Scan-8 the batch sizes of its
-    inputs too. The shapes are the model's, completed by ONNX shape inference."""
-    opset = _lint.default_opset(model.opset_import)
+    inputs too. The shapes are those of ``model``, the model with the types ONNX shape inference
+    adds (:attr:`~torchscan.onnx._check._load.LoadedModel.typed`)."""
+    opset = _lint.default_opset(model.opset_imports)
     version = None if opset is None else _lint.version_in_force("Scan", opset)
     if version is None:
         return []
-    types: dict[str, onnx.TypeProto] = {}
-    found: list[tuple[str, list[onnx.TensorShapeProto.Dimension]]] = []
+    types: dict[str, ir.Value] = {}
+    found: list[tuple[str, list[Dim]]] = []
 
-    def visit(graph: onnx.GraphProto, prefix: str) -> None:
-        for value in (*graph.input, *graph.value_info, *graph.output):
-            types.setdefault(value.name, value.type)
-        for index, node in enumerate(graph.node):
+    def visit(graph: ir.Graph, prefix: str) -> None:
+        for value in (*graph.inputs, *_declared(graph), *graph.outputs):
+            if value.name is not None:
+                types.setdefault(value.name, value)
+        for index, node in enumerate(graph):
             label = f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
             if node.op_type == "Scan" and _ir.is_default_domain(node.domain):
                 found.extend(_scan_dims(node, prefix + label, types, version))
-            for attr in node.attribute:
-                for body in [attr.g] if attr.HasField("g") else attr.graphs:
+            for attr in node.attributes.values():
+                if attr.is_ref():
+                    continue
+                if attr.type == ir.AttributeType.GRAPH:
+                    bodies = [attr.as_graph()]
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    bodies = list(attr.as_graphs())
+                else:
+                    bodies = []
+                for body in bodies:
                     visit(body, f"{prefix}{label} > {attr.name} > ")
 
-    visit(_lint._with_inferred_types(model).graph, "")
+    visit(model.graph, "")
     return found
 
 
 def _scan_dims(
-    node: onnx.NodeProto, label: str, types: Mapping[str, onnx.TypeProto], version: Any
-) -> list[tuple[str, list[onnx.TensorShapeProto.Dimension]]]:
-    attrs = {a.name: a for a in node.attribute}
-    variadic = list(node.input[1:] if version.batch_axis else node.input)
-    m = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
+    node: ir.Node, label: str, types: Mapping[str, ir.Value], version: Any
+) -> list[tuple[str, list[Dim]]]:
+    attrs = node.attributes
+    variadic = list(node.inputs[1:] if version.batch_axis else node.inputs)
+    m = _int(attrs.get("num_scan_inputs"))
     if not 1 <= m <= len(variadic):
         return []
+    declared = [types.get(value.name or "") if value is not None else None for value in variadic]
     shapes = [
-        list(_tensor_dims(types[name])) if name in types and _has_shape(types[name]) else None
-        for name in variadic
+        list(_tensor_dims(value)) if value is not None and _has_shape(value) else None
+        for value in declared
     ]
     if version.batch_axis:
         axes = [1] * m
     elif "scan_input_axes" in attrs:
-        axes = list(attrs["scan_input_axes"].ints)
+        axes = _ints(attrs["scan_input_axes"])
     else:
         axes = [0] * m
     scans = shapes[len(variadic) - m :]
@@ -177,42 +235,57 @@ def _scan_dims(
     return found
 
 
-def _has_shape(type_proto: onnx.TypeProto) -> bool:
-    return type_proto.WhichOneof("value") == "tensor_type" and type_proto.tensor_type.HasField(
-        "shape"
-    )
+def _int(attr: ir.Attr | None) -> int:
+    """An int attribute's value; 0 where it is absent, of another type or a reference."""
+    if attr is None or attr.is_ref() or attr.type != ir.AttributeType.INT:
+        return 0
+    return attr.as_int()
 
 
-def _tensor_dims(type_proto: onnx.TypeProto) -> list[onnx.TensorShapeProto.Dimension]:
-    kind = type_proto.WhichOneof("value")
-    if kind == "tensor_type":
-        return list(type_proto.tensor_type.shape.dim)
-    if kind == "sequence_type":
-        return _tensor_dims(type_proto.sequence_type.elem_type)
-    if kind == "optional_type":
-        return _tensor_dims(type_proto.optional_type.elem_type)
-    return []
+def _ints(attr: ir.Attr) -> list[int]:
+    """An ints attribute's values; none where it is of another type or a reference."""
+    if attr.is_ref() or attr.type != ir.AttributeType.INTS:
+        return []
+    return list(attr.as_ints())
+
+
+def _has_shape(value: ir.Value) -> bool:
+    return isinstance(value_type(value), ir.TensorType) and value.shape is not None
+
+
+def _tensor_dims(value: ir.Value) -> list[Dim]:
+    """The dimensions of a tensor value, or of the tensors of a sequence or optional value (which
+    onnx_ir keeps as the value's shape); none where the shape is unknown or it holds no tensor."""
+    type_ = value_type(value)
+    while isinstance(type_, (ir.SequenceType, ir.OptionalType)):
+        type_ = type_.elem_type
+    if not isinstance(type_, ir.TensorType) or value.shape is None:
+        return []
+    return list(value.shape)
 
 
 def _random_value(
-    name: str, type_proto: onnx.TypeProto, sizes: dict[str, int], rng: np.random.Generator
+    name: str,
+    type_: ir.TypeProtocol | None,
+    shape: ir.Shape | None,
+    sizes: dict[str, int],
+    rng: np.random.Generator,
 ) -> Any:
-    kind = type_proto.WhichOneof("value")
-    if kind == "sequence_type":
-        elem = type_proto.sequence_type.elem_type
-        return [_random_value(name, elem, sizes, rng) for _ in range(2)]
-    if kind == "optional_type":
-        return _random_value(name, type_proto.optional_type.elem_type, sizes, rng)
-    if kind != "tensor_type":
-        raise TorchscanValueError(f"input {name!r} is of type {kind}: give its values with inputs")
-    tensor = type_proto.tensor_type
-    if not tensor.HasField("shape"):
+    if isinstance(type_, ir.SequenceType):
+        return [_random_value(name, type_.elem_type, shape, sizes, rng) for _ in range(2)]
+    if isinstance(type_, ir.OptionalType):
+        return _random_value(name, type_.elem_type, shape, sizes, rng)
+    if not isinstance(type_, ir.TensorType):
+        raise TorchscanValueError(
+            f"input {name!r} is of type {_kind(type_)}: give its values with inputs"
+        )
+    if shape is None:
         raise TorchscanValueError(f"input {name!r} has no shape (not even a rank): give its values")
     shape = tuple(
-        d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param, FIRST_DEFAULT_DIM)
-        for d in tensor.shape.dim
+        d if isinstance(d, int) else sizes.get(d.value or "", FIRST_DEFAULT_DIM) for d in shape
     )
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+    # an undefined element type has no numpy type: KeyError(0), as onnx's own table raises
+    dtype = _numpy_dtypes()[int(type_.dtype)]
     what = f"random input {name!r}, {_dtype_name(np.dtype(dtype))}{list(shape)},"
     count = math.prod(shape)
     if count > MAX_RANDOM_ELEMENTS:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import onnx
+import onnx_ir as ir
 
 from torchscan.onnx import _ir
 
@@ -29,26 +29,27 @@ RANDOM_OPS = frozenset(
 """The operators of the default ONNX domain that draw random numbers."""
 
 
-Functions = dict[tuple[str, str], onnx.FunctionProto]
+Functions = dict[tuple[str, str], ir.Function]
 
 
-def random_outputs(model: onnx.ModelProto) -> dict[str, str]:
+def random_outputs(model: ir.Model) -> dict[str, str]:
     """The model's outputs whose values depend on a random operator, each with the first random
     operator it depends on, named with its path through the bodies that hold it, as in
     ``"Scan 'scan' > body > RandomNormalLike 'noise'"``."""
-    functions = {(f.domain, f.name): f for f in model.functions}
+    functions = {(domain, name): f for (domain, name, _), f in model.functions.items()}
     found: dict[str, str] = {}
-    for index, node in enumerate(model.graph.node):
+    for index, node in enumerate(model.graph):
         source = _draw(node, index, functions, "", frozenset())
         if source is None:
             source = next((found[name] for name in _reads(node) if name in found), None)
         if source is not None:
-            found.update((name, source) for name in node.output if name)
-    return {o.name: found[o.name] for o in model.graph.output if o.name in found}
+            found.update((value.name, source) for value in node.outputs if value.name)
+    outputs = [o.name for o in model.graph.outputs if o.name is not None]
+    return {name: found[name] for name in outputs if name in found}
 
 
 def _draw(
-    node: onnx.NodeProto,
+    node: ir.Node,
     index: int,
     functions: Functions,
     prefix: str,
@@ -61,12 +62,12 @@ def _draw(
     )
     if node.op_type in RANDOM_OPS and _ir.is_default_domain(node.domain):
         return label
-    inner: list[tuple[str, list[onnx.NodeProto], frozenset[tuple[str, str]]]] = [
-        (f"{label} > {attr} > ", list(body.node), seen) for attr, body in _bodies(node)
+    inner: list[tuple[str, list[ir.Node], frozenset[tuple[str, str]]]] = [
+        (f"{label} > {attr} > ", list(body), seen) for attr, body in _bodies(node)
     ]
     key = (node.domain, node.op_type)
     if key in functions and key not in seen:
-        inner.append((f"{label} > ", list(functions[key].node), seen | {key}))
+        inner.append((f"{label} > ", list(functions[key]), seen | {key}))
     for where, nodes, called in inner:
         for i, child in enumerate(nodes):
             drawn = _draw(child, i, functions, where, called)
@@ -75,17 +76,20 @@ def _draw(
     return None
 
 
-def _bodies(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
-    for attr in node.attribute:
-        if attr.HasField("g"):
-            yield attr.name, attr.g
-        for body in attr.graphs:
-            yield attr.name, body
+def _bodies(node: ir.Node) -> Iterator[tuple[str, ir.Graph]]:
+    for attr in node.attributes.values():
+        if attr.is_ref():
+            continue
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.name, attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            for body in attr.as_graphs():
+                yield attr.name, body
 
 
-def _reads(node: onnx.NodeProto) -> Iterator[str]:
+def _reads(node: ir.Node) -> Iterator[str]:
     """Every name ``node`` reads: its inputs, and the values of outer graphs its bodies read."""
-    yield from (name for name in node.input if name)
+    yield from (value.name for value in node.inputs if value is not None and value.name)
     for _, body in _bodies(node):
-        for inner in body.node:
+        for inner in body:
             yield from _reads(inner)

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
+import onnx_ir as ir
 
 from torchscan.onnx._check import _ort
 from torchscan.onnx._check._inputs import _as_value
 from torchscan.onnx._check._limit import Limit
+from torchscan.onnx._check._load import LoadedModel
 from torchscan.onnx._check._ort import run_onnxruntime
 from torchscan.onnx._check._reference_ops import (
     gather_elements,
@@ -60,13 +61,14 @@ def _pytorch_outputs(module: Callable[..., Any], args: Sequence[Any]) -> list[An
 
 
 def _run_reference(
-    model: onnx.ModelProto, feeds: dict[str, Any], _isolate: bool, _limit: Limit | None = None
+    model: LoadedModel, feeds: dict[str, Any], _isolate: bool, _limit: Limit | None = None
 ) -> list[Any]:
+    """The model's outputs in onnx's reference evaluator, which takes the model as loaded."""
     import onnx.reference
 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops())
+        evaluator = onnx.reference.ReferenceEvaluator(model.proto, new_ops=reference_ops())
         return list(evaluator.run(None, feeds))
 
 
@@ -89,12 +91,12 @@ def _onnxruntime_at(level: str) -> Callable[..., list[Any]]:
     """The runner of onnxruntime at one of its optimization levels (:data:`_ort.LEVELS`)."""
 
     def run(
-        model: onnx.ModelProto, feeds: dict[str, Any], isolate: bool, limit: Limit | None = None
+        model: LoadedModel, feeds: dict[str, Any], isolate: bool, limit: Limit | None = None
     ) -> list[Any]:
-        why = _onnxruntime_cannot_run(model)
+        why = _onnxruntime_cannot_run(model.model)
         if why:
             raise _Unsupported(why)
-        data = model.SerializeToString()
+        data = model.data
         if isolate:
             return _in_child_process(data, feeds, level, limit)
         return run_onnxruntime(data, feeds, level, limit)
@@ -102,43 +104,48 @@ def _onnxruntime_at(level: str) -> Callable[..., list[Any]]:
     return run
 
 
-def _onnxruntime_cannot_run(model: onnx.ModelProto) -> str | None:
-    missing = {
-        getattr(onnx.TensorProto, n) for n in _NO_ORT_KERNELS if hasattr(onnx.TensorProto, n)
-    }
-    found = sorted(
-        {onnx.TensorProto.DataType.Name(t) for t in _element_types(model.graph)}
-        & {onnx.TensorProto.DataType.Name(t) for t in missing}
-    )
+def _onnxruntime_cannot_run(model: ir.Model) -> str | None:
+    """Why onnxruntime cannot run ``model`` (an element type it has no kernels for), or None."""
+    types = _element_types(model.graph)
+    found = sorted(name for name in _NO_ORT_KERNELS if ir.DataType[name] in types)
     if found:
         return f"onnxruntime has no CPU kernels for {', '.join(t.lower() for t in found)}"
     return None
 
 
-def _element_types(graph: onnx.GraphProto) -> set[int]:
-    """Every tensor element type a graph names, its bodies included."""
-    types = {t.data_type for t in graph.initializer}
-    for info in (*graph.input, *graph.output, *graph.value_info):
-        types |= _elem_types_of(info.type)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                types.add(attr.t.data_type)
-            if attr.HasField("i") and attr.name == "to":
-                types.add(attr.i)
-            for body in [attr.g] if attr.HasField("g") else attr.graphs:
-                types |= _element_types(body)
+def _element_types(graph: ir.Graph) -> set[int]:
+    """Every tensor element type a graph names (by number), its bodies included: of its
+    initializers, of the values whose types it declares, of its tensor attributes and of the
+    ``to`` of its casts."""
+    types: set[int] = {
+        value.const_value.dtype
+        for value in graph.initializers.values()
+        if value.const_value is not None
+    }
+    declared = [value for node in graph for value in node.outputs]
+    for value in (*graph.inputs, *graph.outputs, *graph.initializers.values(), *declared):
+        types |= _elem_types_of(value.type)
+    for node in graph:
+        for attr in node.attributes.values():
+            if attr.is_ref():
+                continue
+            if attr.type == ir.AttributeType.TENSOR:
+                types.add(attr.as_tensor().dtype)
+            elif attr.type == ir.AttributeType.INT and attr.name == "to":
+                types.add(attr.as_int())
+            elif attr.type == ir.AttributeType.GRAPH:
+                types |= _element_types(attr.as_graph())
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for body in attr.as_graphs():
+                    types |= _element_types(body)
     return types
 
 
-def _elem_types_of(type_proto: onnx.TypeProto) -> set[int]:
-    kind = type_proto.WhichOneof("value")
-    if kind == "tensor_type":
-        return {type_proto.tensor_type.elem_type}
-    if kind == "sequence_type":
-        return _elem_types_of(type_proto.sequence_type.elem_type)
-    if kind == "optional_type":
-        return _elem_types_of(type_proto.optional_type.elem_type)
+def _elem_types_of(type_: ir.TypeProtocol | None) -> set[int]:
+    if isinstance(type_, ir.TensorType):
+        return {type_.dtype}
+    if isinstance(type_, (ir.SequenceType, ir.OptionalType)):
+        return _elem_types_of(type_.elem_type)
     return set()
 
 
@@ -189,7 +196,7 @@ def _in_child_process(
     raise _ChildError(result[1], result[2])
 
 
-_RUNNERS: dict[str, Callable[[onnx.ModelProto, dict[str, Any], bool, Limit | None], list[Any]]] = {
+_RUNNERS: dict[str, Callable[[LoadedModel, dict[str, Any], bool, Limit | None], list[Any]]] = {
     "onnxruntime": _onnxruntime_at("default"),
     "onnxruntime-unoptimized": _onnxruntime_at("unoptimized"),
     "reference": _run_reference,
