@@ -50,6 +50,7 @@ def test_every_benchmark_is_exercised() -> None:
     assert sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")) == sorted(BENCHMARKS)
 
 
+@pytest.mark.benchmarks
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
 def test_benchmark_runs_and_prints_a_ratio_per_row(name: str, tmp_path: Path) -> None:
     # not over the docs' figures

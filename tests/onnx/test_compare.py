@@ -752,6 +752,11 @@ CHECK_ERRORS: dict[str, tuple[Callable[[dict], object], type, str]] = {
         ValueError,
         "input 'm' is of type sparse_tensor_type: give its values with inputs",
     ),
+    "random tensor of no element type": (
+        lambda f: torchscan.onnx.check(_with_input(oh.make_tensor_type_proto(0, (2,)))),
+        ValueError,
+        "input 'm' has no element type: give its values with inputs",
+    ),
     "expected count": (
         lambda f: torchscan.onnx.check(f["scan.onnx"], expected=[np.zeros(2)]),
         ValueError,

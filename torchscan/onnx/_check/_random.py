@@ -284,8 +284,11 @@ def _random_value(
     shape = tuple(
         d if isinstance(d, int) else sizes.get(d.value or "", FIRST_DEFAULT_DIM) for d in shape
     )
-    # an undefined element type has no numpy type: KeyError(0), as onnx's own table raises
-    dtype = _numpy_dtypes()[int(type_.dtype)]
+    dtype = _numpy_dtypes().get(int(type_.dtype))
+    if dtype is None:  # UNDEFINED: the model does not say what the input holds
+        raise TorchscanValueError(
+            f"input {name!r} has no element type: give its values with inputs"
+        )
     what = f"random input {name!r}, {_dtype_name(np.dtype(dtype))}{list(shape)},"
     count = math.prod(shape)
     if count > MAX_RANDOM_ELEMENTS:
