@@ -68,25 +68,12 @@ def in_axes(api: str, xs: Any, leaves: Sequence[Any], axis: Any, prefix: Any) ->
     return axes
 
 
-@dataclasses.dataclass(frozen=True)
-class Directions:
-    """Which sequences are read from their end, and which outputs are stacked from their end
-    (prepended); ``reverse`` alone is every one of both."""
-
-    inputs: list[bool]
-    output_prefix: Any  # a bool, or a pytree prefix of y
-
-    @property
-    def uniform(self) -> bool | None:
-        """The one direction of every sequence and output, or ``None`` when they differ."""
-        if not isinstance(self.output_prefix, bool):
-            return None
-        if any(r != self.output_prefix for r in self.inputs):
-            return None
-        return self.output_prefix
-
-
-def directions(api: str, xs: Any, reverse: Any, in_reverse: Any, out_reverse: Any) -> Directions:
+def directions(
+    api: str, xs: Any, xs_leaves: Sequence[Any], reverse: Any, in_reverse: Any, out_reverse: Any
+) -> tuple[tuple[bool, ...], Any]:
+    """Which leaves of ``xs`` (flattened to ``xs_leaves``) are read from their end, and which
+    outputs are stacked from their end (prepended): a bool, or a pytree prefix of ``y``, checked
+    once the first step returns ``y``. ``reverse`` alone is every one of both."""
     reverse = _checks.check_bool(api, "reverse", reverse)
     if reverse and (in_reverse is not None or out_reverse is not None):
         raise TorchscanValueError(
@@ -94,12 +81,10 @@ def directions(api: str, xs: Any, reverse: Any, in_reverse: Any, out_reverse: An
             "either with reverse or with in_reverse and out_reverse, not both."
         )
     if in_reverse is None:
-        inputs = [reverse] * len(_pytree.tree_leaves(xs))
+        inputs = (reverse,) * len(xs_leaves)
     else:
-        inputs = per_leaf(api, "in_reverse", in_reverse, xs, "xs", bool)
-    # a bool, or a pytree prefix of y, checked once the first step returns y
-    output_prefix = reverse if out_reverse is None else out_reverse
-    return Directions(inputs, output_prefix)
+        inputs = tuple(per_leaf(api, "in_reverse", in_reverse, xs, "xs", bool))
+    return inputs, reverse if out_reverse is None else out_reverse
 
 
 @dataclasses.dataclass(frozen=True)

@@ -229,10 +229,12 @@ def scan_in_order(
     _checks.refuse_torchscript(_API)
     _checks.refuse_strict_export(_API)
     _lengths.refuse_packed(_API, xs)
-    directions = _layout.directions(_API, xs, reverse, in_reverse, out_reverse)
+    xs_leaves, xs_spec = _pytree.tree_flatten(xs)
+    read_backwards, stacked_backwards = _layout.directions(
+        _API, xs, xs_leaves, reverse, in_reverse, out_reverse
+    )
     carry = _checks.CarryType(_API, "fn", init)
     _checks.check_tensor_leaves(_API, "init", init, carry.leaves)
-    xs_leaves, xs_spec = _pytree.tree_flatten(xs)
     _checks.check_tensor_leaves(_API, "xs", xs, xs_leaves)
     _checks.check_int(_API, "axis", axis)
     axes = _layout.in_axes(_API, xs, xs_leaves, axis, in_axes)
@@ -241,7 +243,7 @@ def scan_in_order(
     if isinstance(out_axes, int) and not isinstance(out_axes, bool):
         axis, out_axes = out_axes, None  # one axis for every output
     # Without realigning, ys are stacked in the order the steps ran.
-    out_reverse = directions.output_prefix if realign else False
+    out_reverse = stacked_backwards if realign else False
     plan = ScanPlan(
         protocol=_PROTOCOL,
         fn=fn,
@@ -250,7 +252,7 @@ def scan_in_order(
         xs_leaves=tuple(xs_leaves),
         xs_spec=xs_spec,
         in_axes=tuple(axes),
-        in_reverse=tuple(directions.inputs),
+        in_reverse=read_backwards,
         out=_layout.OutLayout(_API, int(axis), out_axes, out_reverse),
         length=n,
         loop_operator=loop_operator,
