@@ -13,11 +13,9 @@ Elman RNN step ``h = tanh(x @ W + h @ U)`` at several lengths this script measur
 * how many graphs are compiled when one compiled function is called at every length, with
   TorchDynamo's automatic dynamic shapes (the default) and with ``dynamic=True``.
 
-Modes: ``forward`` (under ``no_grad``) and ``backward`` (forward + backward). Before torch 2.15 a
-scan that records gradients is unrolled under ``torch.compile`` unless Inductor's donated buffers
-are off (https://github.com/pytorch/pytorch/issues/153679), so the script turns them off for
-that mode there and says so. Every compiled result is checked against the eager Python loop, and
-every compiled graph is inspected for the loop operator.
+Modes: ``forward`` (under ``no_grad``) and ``backward`` (forward + backward), with torch's
+settings as they are. Every compiled result is checked against the eager Python loop, and every
+compiled graph is inspected for the loop operator.
 
 ``python benchmarks/compile_scan.py --modes forward backward`` writes ``compile.md`` (also
 printed), ``compile.json`` and, with matplotlib (``pip install "torchscan-onnx[bench]"``), the
@@ -45,7 +43,6 @@ import torch._dynamo
 from torch._inductor.utils import fresh_cache
 
 import torchscan
-from torchscan import _compat
 
 ROOT = Path(__file__).resolve().parents[1]
 SCAN = "torchscan.scan"
@@ -463,13 +460,6 @@ def main() -> None:
     results: dict[str, Any] = {"modes": args.modes, "lengths": {}, "notes": notes}
     for mode in args.modes:
         backward = mode == "backward"
-        if backward and not _compat.loops_train_correctly_when_compiled():
-            torch._functorch.config.donated_buffer = False
-            notes.append(
-                f"{MODES[mode]}: `torch._functorch.config.donated_buffer = False`, without which "
-                f"torch {torch.__version__.split('+')[0]} unrolls a scan that records gradients "
-                "under torch.compile (https://github.com/pytorch/pytorch/issues/153679)."
-            )
         model = Elman(args.B, args.H, backward)
         results["lengths"][mode] = []
         for length in args.T:

@@ -293,12 +293,41 @@ def test_gradients_match_eager(backend: str, donated_buffer: bool) -> None:
     with options:
         out = compiled(model, record)(h, xs)
         actual = gradients(model, out, (h, xs))
+        # turned off for the compilation alone, where it had to be
+        assert torch._functorch.config.donated_buffer is donated_buffer
     expected = gradients(model, model(h, xs), (h, xs))
     torch.testing.assert_close(actual, expected)
     # Before torch 2.15, Inductor gets these gradients wrong through a loop operator while it
-    # donates buffers (pytorch#153679): the steps are then traced one by one instead.
-    one_loop = TORCH_2_15 or not donated_buffer
-    assert bool(recorder.loop_operators()) == one_loop
+    # donates buffers (pytorch#153679): torchscan has the compilation of the scan turn them off.
+    assert recorder.loop_operators()
+
+
+@pytest.mark.parametrize("donated_buffer", [True, False], ids=["donated", "not donated"])
+def test_training_at_several_lengths_compiles_one_loop_not_an_unrolled_graph_per_length(
+    donated_buffer: bool,
+) -> None:
+    torch.manual_seed(0)
+    model = RNN()
+    recorder = GraphRecorder()
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
+        recorder(gm, example_inputs)
+        return aot_eager(gm, example_inputs)  # AOTAutograd decides which buffers are donated
+
+    fn = compiled(model, backend)
+    with torch._functorch.config.patch(donated_buffer=donated_buffer):
+        for length in (20, 60, 180):
+            h = torch.randn(3, 4, requires_grad=True)
+            xs = torch.randn(3, length, 4, requires_grad=True)
+            actual = gradients(model, fn(h, xs), (h, xs))
+            torch.testing.assert_close(actual, gradients(model, model(h, xs), (h, xs)))
+            assert torch._functorch.config.donated_buffer is donated_buffer
+    # one graph, and one more where the length becomes dynamic; unrolled, the graph of 20 steps
+    # alone has over 80 nodes
+    assert len(recorder.graphs) <= 2
+    assert all(len(gm.graph.nodes) < 40 for gm in recorder.graphs)
+    assert len(recorder.loop_operators()) == len(recorder.graphs)
 
 
 def _inductor(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
@@ -412,3 +441,13 @@ def test_a_graph_break_still_checks_the_carry() -> None:
 
     with pytest.raises(TypeError, match=r"the carry must keep its structure"):
         compiled(lambda xs: torchscan.scan(step, torch.zeros(4), xs))(torch.rand(3, 4))
+
+
+@pytest.mark.parametrize("donated_buffer", [True, False], ids=["donated", "not donated"])
+def test_outside_a_compilation_donated_buffers_are_left_as_they_are(donated_buffer: bool) -> None:
+    from torchscan import _compat
+
+    with torch._functorch.config.patch(donated_buffer=donated_buffer):
+        right = _compat.train_loops_correctly_in_this_compile()
+        assert torch._functorch.config.donated_buffer is donated_buffer
+    assert right is (TORCH_2_15 or not donated_buffer)

@@ -159,15 +159,49 @@ def scan_operator() -> Any:
 _DONATED_BUFFERS_BREAK_LOOPS = torch.__version__ < "2.15"
 
 
-def loops_train_correctly_when_compiled() -> bool:
-    """Whether gradients through torch's loop operators come out right under Inductor.
+_donated_buffers_turned_off = False
+"""Whether :func:`train_loops_correctly_in_this_compile` turned donated buffers off for the
+compilation under way, to turn them on again when it ends."""
+
+
+def train_loops_correctly_in_this_compile() -> bool:
+    """Have this compilation compute the gradients of loop operators right; whether it does.
 
     Before torch 2.15, Inductor could let a backward graph reuse ("donate") the memory of a saved
     tensor that a loop operator's body overwrites, and gradients came out wrong
-    (https://github.com/pytorch/pytorch/issues/153679, fixed in 2.15). Turning donated buffers
-    off (``torch._functorch.config.donated_buffer = False``) avoids it on those releases.
+    (https://github.com/pytorch/pytorch/issues/153679). Called while TorchDynamo traces a scan
+    that records gradients, this turns donated buffers off (``torch._functorch.config
+    .donated_buffer``) until TorchDynamo's compilation of the frame ends (its end-of-compilation
+    callback), which is where AOTAutograd decides which buffers the backward may reuse; the
+    setting is as the user left it outside that compilation. Where no TorchDynamo compilation
+    is under way to end it, nothing is changed and the answer is whether the release and the
+    setting give right gradients.
     """
-    return not (_DONATED_BUFFERS_BREAK_LOOPS and functorch_config.donated_buffer)
+    global _donated_buffers_turned_off
+    if not (_DONATED_BUFFERS_BREAK_LOOPS and functorch_config.donated_buffer):
+        return True
+    if TracingContext.try_get() is None:  # not called from TorchDynamo's trace of a frame
+        return False
+    _restore_donated_buffers_when_compiled()
+    functorch_config.donated_buffer = False
+    _donated_buffers_turned_off = True
+    return True
+
+
+def _restore_donated_buffers_when_compiled() -> None:
+    """Have TorchDynamo turn donated buffers on again when its compilation ends: registered once,
+    and again after ``torch._dynamo.reset()``, which clears the callbacks."""
+    from torch._dynamo.callback import callback_handler
+
+    if _turn_donated_buffers_on_again not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_turn_donated_buffers_on_again)
+
+
+def _turn_donated_buffers_on_again(_: Any) -> None:
+    global _donated_buffers_turned_off
+    if _donated_buffers_turned_off:
+        functorch_config.donated_buffer = True
+        _donated_buffers_turned_off = False
 
 
 def let_loop_operators_read_scalars() -> bool:
@@ -362,7 +396,7 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     PrivateSymbol(
         "torch._guards",
         "TracingContext.try_get",
-        "the shape environment of a program torch.compile traces",
+        "the shape environment of a program torch.compile traces, and whether it traces one",
     ),
     PrivateSymbol(
         "torch.fx.experimental.symbolic_shapes",
@@ -385,7 +419,19 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     PrivateSymbol(
         "torch._functorch.config",
         "donated_buffer",
-        "whether loops may become loop operators when they are trained under torch.compile",
+        "turned off while torch.compile compiles a scan that records gradients (before 2.15)",
+    ),
+    PrivateSymbol(
+        "torch._dynamo.callback",
+        "callback_handler.register_end_callback",
+        "turn donated buffers on again when the compilation that turned them off ends",
+        ("callback",),
+    ),
+    PrivateSymbol(
+        "torch._dynamo.callback",
+        "CompilationCallbackHandler",
+        "whether that callback is registered (torch._dynamo.reset() clears them)",
+        fields=("end_callbacks",),
     ),
     # pytrees
     PrivateSymbol("torch.utils._cxx_pytree", "tree_flatten", "flatten pytrees fast", ("tree",)),

@@ -146,17 +146,21 @@ def loop_operators_apply(out: Any, has_until: bool) -> bool:
     ``torch.while_loop`` gives wrong gradients for what its body reads from outside (only the
     last iteration's part reaches them, in torch 2.13 to 2.15); and for ``scan``, unless the
     torch release computes the gradients of loop operators wrong under Inductor
-    (:func:`torchscan._compat.loops_train_correctly_when_compiled`).
+    (:func:`torchscan._compat.train_loops_correctly_in_this_compile`, which has this
+    compilation turn off what makes them wrong).
     """
     if not torch.is_grad_enabled():
         return True
     leaves = _pytree.tree_leaves((out[0], out[1]))
     if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
         return True
-    return not has_until and _compat.loops_train_correctly_when_compiled()
+    return not has_until and _train_loops_correctly()
 
 
 _allow_scalar_reads = _compat.run_untraced_by_dynamo(_compat.let_loop_operators_read_scalars)
+_train_loops_correctly = _compat.run_untraced_by_dynamo(
+    _compat.train_loops_correctly_in_this_compile
+)
 
 
 @dataclasses.dataclass(frozen=True)
