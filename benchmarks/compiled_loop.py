@@ -1,0 +1,119 @@
+"""Where the time of a loop operator compiled by Inductor on the CPU goes, and the fastest setting.
+
+An Elman RNN step ``h = tanh(x @ W + h @ U)`` (forward, under ``no_grad``) runs as the eager
+Python loop, the eager ``torchscan.scan``, and ``torchscan.scan`` and torch's own ``scan``
+operator compiled by ``torch.compile`` with Inductor's default settings, without its size
+assertions (``options={"size_asserts": False}``) and with its C++ wrapper
+(``options={"cpp_wrapper": True}``), interleaved in one process (each repetition runs all of
+them, in rotating order); medians and their ratio to the Python loop are reported. Every
+compiled result is checked against the Python loop.
+
+With its default Python wrapper, Inductor runs a loop operator's steps from Python: each step
+calls the condition's and the body's generated functions, reads the step counter and the
+condition with ``.item()``, allocates the step's buffers, and asserts the size and strides of
+every input of the body (``assert_size_stride``). For a small step that costs more than the
+step's kernels, which is why the default compiled loop is slower than the eager Python loop; the
+C++ wrapper runs the same loop in C++. Run ``python benchmarks/compiled_loop.py --help`` for the
+options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch._higher_order_ops.scan import scan as torch_scan
+
+import torchscan
+
+SETTINGS = {
+    "default": {},
+    "size_asserts=False": {"size_asserts": False},
+    "cpp_wrapper=True": {"cpp_wrapper": True},
+}
+
+
+def implementations(step: Callable) -> dict[str, Callable]:
+    def python_loop(h, xs):
+        ys = []
+        for x in xs:
+            h, y = step(h, x)
+            ys.append(y)
+        return h, torch.stack(ys)
+
+    def hop_step(h, x):
+        h, y = step(h, x)
+        return h, y.clone()  # torch's scan refuses an output that aliases the carry
+
+    def scan(h, xs):
+        return torchscan.scan(step, h, xs)
+
+    def hop(h, xs):
+        return torch_scan(hop_step, h, xs)
+
+    found = {"eager python loop": python_loop, "eager torchscan.scan": scan}
+    for name, options in SETTINGS.items():
+        found[f"compiled torchscan.scan, {name}"] = torch.compile(scan, options=options)
+    for name, options in SETTINGS.items():
+        # fullgraph: without it, Inductor cannot compile the .item() of the loop it makes
+        found[f"compiled torch scan operator, {name}"] = torch.compile(
+            hop, options=options, fullgraph=True
+        )
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--T", type=int, default=200, help="sequence length")
+    parser.add_argument("--B", type=int, default=8, help="batch size")
+    parser.add_argument("--H", type=int, default=64, help="hidden size")
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--calls", type=int, default=5, help="calls per timed repetition")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    warnings.filterwarnings("ignore", module="torch")
+
+    W = torch.randn(args.H, args.H) / args.H**0.5
+    U = torch.randn(args.H, args.H) / args.H**0.5
+    xs = torch.randn(args.T, args.B, args.H)
+    h0 = torch.zeros(args.B, args.H)
+
+    def step(h, x):
+        h = torch.tanh(x @ W + h @ U)
+        return h, h
+
+    impls = implementations(step)
+    names = list(impls)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    with torch.no_grad():
+        expected = impls["eager python loop"](h0, xs)
+        for name in names:  # compiles on the first call
+            torch.testing.assert_close(impls[name](h0, xs), expected, msg=name)
+        for repeat in range(args.repeats):
+            order = names[repeat % len(names) :] + names[: repeat % len(names)]
+            for name in order:
+                start = time.perf_counter()
+                for _ in range(args.calls):
+                    impls[name](h0, xs)
+                samples[name].append((time.perf_counter() - start) / args.calls)
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+
+    print(
+        f"Elman RNN forward (no_grad), T={args.T}, B={args.B}, H={args.H}, "
+        f"{args.threads} thread(s), median of {args.repeats}, torch {torch.__version__}\n"
+    )
+    print("| implementation | median (ms) | ratio to eager python loop |")
+    print("| --- | ---: | ---: |")
+    for name in names:
+        ratio = medians[name] / medians["eager python loop"]
+        print(f"| {name} | {medians[name] * 1e3:.3f} | {ratio:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
