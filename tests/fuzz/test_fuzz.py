@@ -3,15 +3,15 @@ exported to ONNX and run by onnxruntime and onnx's reference evaluator.
 
 ``python -m pytest tests/fuzz`` runs a fixed, derandomized slice (as CI does);
 ``python -m pytest tests/fuzz --fuzz 1000`` runs 1000 programs per test from random seeds.
-See docs/fuzzing.md.
+See docs/fuzzing.md. The exported programs are in ``test_fuzz_export.py``: the longest test, in a
+file of its own so that the test processes share the fuzzing.
 """
 
 from __future__ import annotations
 
 import hypothesis
-import hypothesis.strategies as st
 
-from ._check import RUNS, check, check_eager, check_vmap
+from ._check import RUNS, check_eager, check_vmap
 from ._padded import check_padded, padded_problems
 from ._strategies import programs
 from ._theano import check_theano, theano_problems
@@ -23,15 +23,6 @@ def test_eager_matches_the_python_loop(fuzz_settings) -> None:
     def run(program) -> None:
         RUNS["eager only"] += 1
         check_eager(program)
-
-    run()
-
-
-def test_export_matches_eager(fuzz_settings) -> None:
-    @fuzz_settings("export")
-    @hypothesis.given(program=programs(), opset=st.integers(8, 25))
-    def run(program, opset) -> None:
-        check(program, opset)
 
     run()
 
