@@ -451,3 +451,26 @@ def test_outside_a_compilation_donated_buffers_are_left_as_they_are(donated_buff
         right = _compat.train_loops_correctly_in_this_compile()
         assert torch._functorch.config.donated_buffer is donated_buffer
     assert right is (TORCH_2_15 or not donated_buffer)
+
+
+def test_the_compiled_loop_asserts_no_sizes_at_every_step_unless_the_options_ask() -> None:
+    from torch._inductor.utils import run_and_get_code
+
+    def fn(xs):
+        return torchscan.scan(elman, torch.zeros(4), xs)
+
+    xs = torch.randn(6, 4)
+    before = torch._inductor.config.size_asserts
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(fn), xs)
+        torch.testing.assert_close(out, fn(xs))
+        assert "while_loop" in code[0]
+        assert "assert_size_stride(" not in "".join(code)
+        assert torch._inductor.config.size_asserts is before
+        # the user's own options are Inductor's last word
+        torch._dynamo.reset()
+        asked = torch.compile(fn, options={"size_asserts": True})
+        out, code = run_and_get_code(asked, xs)
+    torch.testing.assert_close(out, fn(xs))
+    assert "assert_size_stride(" in "".join(code)
+    assert torch._inductor.config.size_asserts is before

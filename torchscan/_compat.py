@@ -159,11 +159,6 @@ def scan_operator() -> Any:
 _DONATED_BUFFERS_BREAK_LOOPS = torch.__version__ < "2.15"
 
 
-_donated_buffers_turned_off = False
-"""Whether :func:`train_loops_correctly_in_this_compile` turned donated buffers off for the
-compilation under way, to turn them on again when it ends."""
-
-
 def train_loops_correctly_in_this_compile() -> bool:
     """Have this compilation compute the gradients of loop operators right; whether it does.
 
@@ -171,37 +166,56 @@ def train_loops_correctly_in_this_compile() -> bool:
     tensor that a loop operator's body overwrites, and gradients came out wrong
     (https://github.com/pytorch/pytorch/issues/153679). Called while TorchDynamo traces a scan
     that records gradients, this turns donated buffers off (``torch._functorch.config
-    .donated_buffer``) until TorchDynamo's compilation of the frame ends (its end-of-compilation
-    callback), which is where AOTAutograd decides which buffers the backward may reuse; the
-    setting is as the user left it outside that compilation. Where no TorchDynamo compilation
-    is under way to end it, nothing is changed and the answer is whether the release and the
+    .donated_buffer``) for the compilation under way (:func:`set_for_this_compile`), which is
+    where AOTAutograd decides which buffers the backward may reuse. Where no TorchDynamo
+    compilation is under way, nothing is changed and the answer is whether the release and the
     setting give right gradients.
     """
-    global _donated_buffers_turned_off
     if not (_DONATED_BUFFERS_BREAK_LOOPS and functorch_config.donated_buffer):
         return True
+    return set_for_this_compile(functorch_config, "donated_buffer", False)
+
+
+def run_loops_without_size_asserts_in_this_compile() -> bool:
+    """Have Inductor's code of this compilation leave out its size assertions.
+
+    Inductor's Python wrapper runs a loop operator's steps from Python and asserts the size and
+    strides of every input of the body at every step (``assert_size_stride``), which makes a
+    compiled loop of small steps slower than the eager loop (``benchmarks/compiled_loop.py``).
+    The body's inputs are made by the loop's own compiled code, and the graph's inputs are held to
+    their sizes by TorchDynamo's guards. Called while TorchDynamo traces a loop that becomes a
+    loop operator; a user's own ``options={"size_asserts": ...}`` is applied by Inductor after
+    this and wins.
+    """
+    from torch._inductor import config as inductor_config
+
+    return set_for_this_compile(inductor_config, "size_asserts", False)
+
+
+_set_for_this_compile: dict[tuple[Any, str], Any] = {}
+"""The settings :func:`set_for_this_compile` changed, with the values to put back."""
+
+
+def set_for_this_compile(config: Any, name: str, value: Any) -> bool:
+    """Set ``config.name`` to ``value`` until TorchDynamo's compilation of the frame under way
+    ends (its end-of-compilation callback puts the user's value back); whether it was set:
+    nothing is changed where no TorchDynamo compilation is under way."""
     if TracingContext.try_get() is None:  # not called from TorchDynamo's trace of a frame
         return False
-    _restore_donated_buffers_when_compiled()
-    functorch_config.donated_buffer = False
-    _donated_buffers_turned_off = True
+    from torch._dynamo.callback import callback_handler
+
+    # registered once, and again after torch._dynamo.reset(), which clears the callbacks
+    if _put_back_settings not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_put_back_settings)
+    _set_for_this_compile.setdefault((config, name), getattr(config, name))
+    setattr(config, name, value)
     return True
 
 
-def _restore_donated_buffers_when_compiled() -> None:
-    """Have TorchDynamo turn donated buffers on again when its compilation ends: registered once,
-    and again after ``torch._dynamo.reset()``, which clears the callbacks."""
-    from torch._dynamo.callback import callback_handler
-
-    if _turn_donated_buffers_on_again not in callback_handler.end_callbacks:
-        callback_handler.register_end_callback(_turn_donated_buffers_on_again)
-
-
-def _turn_donated_buffers_on_again(_: Any) -> None:
-    global _donated_buffers_turned_off
-    if _donated_buffers_turned_off:
-        functorch_config.donated_buffer = True
-        _donated_buffers_turned_off = False
+def _put_back_settings(_: Any) -> None:
+    for (config, name), value in _set_for_this_compile.items():
+        setattr(config, name, value)
+    _set_for_this_compile.clear()
 
 
 def let_loop_operators_read_scalars() -> bool:
@@ -424,8 +438,13 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     PrivateSymbol(
         "torch._dynamo.callback",
         "callback_handler.register_end_callback",
-        "turn donated buffers on again when the compilation that turned them off ends",
+        "put back the settings a compilation changed when it ends",
         ("callback",),
+    ),
+    PrivateSymbol(
+        "torch._inductor.config",
+        "size_asserts",
+        "left out of the code of a compilation that makes a loop operator",
     ),
     PrivateSymbol(
         "torch._dynamo.callback",

@@ -161,6 +161,9 @@ _allow_scalar_reads = _compat.run_untraced_by_dynamo(_compat.let_loop_operators_
 _train_loops_correctly = _compat.run_untraced_by_dynamo(
     _compat.train_loops_correctly_in_this_compile
 )
+_leave_out_size_asserts = _compat.run_untraced_by_dynamo(
+    _compat.run_loops_without_size_asserts_in_this_compile
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +287,7 @@ def run_scan(
         ]
 
     _allow_scalar_reads()
+    _leave_out_size_asserts()
     final, ys = _compat.scan_operator()(combine, carry, sequences, dim=0, reverse=reverse)
     final, ys = carry_codec.decode(final[:n_carry]), y_codec.decode(ys)
     if reverse and not realign:
@@ -337,6 +341,7 @@ def run_loop(
 
     carried = (zero, going, *[_fresh(c) for c in carry], *buffers)
     _allow_scalar_reads()
+    _leave_out_size_asserts()
     i, _, *rest = torch.while_loop(cond, body, carried)
     steps = i.item() if buffers else 0
     ys = []
