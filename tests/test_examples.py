@@ -17,6 +17,7 @@ BENCHMARKS = {
     "export_time.py": ["--T", "4", "--B", "2", "--H", "4", "--repeats", "1"],
     "onnxruntime_parts.py": ["--cells", "RNN", "LSTM", "--H", "4", "--T", "3", "--repeats", "1"],
     "suite.py": ["--quick"],
+    "speed.py": ["--quick", "--memory", "--cells", "RNN", "LSTM"],
     "compiled_loop.py": ["--T", "3", "--B", "2", "--H", "4", "--repeats", "1", "--calls", "1"],
     "compile_scan.py": [
         *("--T", "3", "5", "--B", "2", "--H", "4", "--repeats", "1", "--compile-repeats", "1"),
@@ -30,6 +31,7 @@ ROWS = {
     "export_time.py": 4,
     "onnxruntime_parts.py": 2 * 5,
     "suite.py": 24 + 6 + 6 + 6 + 12,
+    "speed.py": 2 * (2 * 2) * 2,  # 2 cells, 2 lengths, 2 modes; speed and memory
     "compiled_loop.py": 2 + 2 * 3,  # eager: 2; compiled: torchscan and torch's scan, 3 settings
     "compile_scan.py": 2 * 4 + 2 + 4,  # per length 4 implementations; compile ratios; graphs
 }

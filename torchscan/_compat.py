@@ -50,6 +50,7 @@ __all__ = [
     "ONNX_EXPORTER_MODULE",
     "ONNX_SIGNATURE_WARNING",
     "PRIVATE_API",
+    "TREE_SPEC_TYPES",
     "UNFOUND_USER_CODE_WARNING",
     "VMAP_CONTROL_FLOW_ERROR",
     "DispatchKey",
@@ -57,12 +58,15 @@ __all__ = [
     "FakeTensorMode",
     "GuardOnDataDependentSymNode",
     "HigherOrderOperator",
+    "OpOverload",
     "PrivateSymbol",
     "ProxyTorchDispatchMode",
     "autograd_not_implemented",
     "cxx_pytree",
     "detect_fake_mode",
     "disable_proxy_modes_tracing",
+    "functorch_transforms_active",
+    "map_over",
     "maybe_run_with_interpreter",
     "non_strict_torch_function_handler",
     "onnx_core",
@@ -77,6 +81,8 @@ __all__ = [
     "runs_eagerly",
     "shape_env",
     "symbolic_symbols",
+    "torch_function_of",
+    "trace_on_fake",
     "track_tensor_tree",
     "uncaptured_operator_error",
     "unique_graph_id",
@@ -126,10 +132,15 @@ def written_arguments(node: torch.fx.Node) -> tuple[str, list[Any]]:
     target = node.target
     if node.op != "call_function" or not isinstance(target, OpOverload):
         return "", []
+    arguments = target._schema.arguments
     written = [
+        arg for arg, argument in zip(node.args, arguments, strict=False) if argument.is_write
+    ]
+    by_name = {argument.name: argument for argument in arguments}
+    written += [
         arg
-        for arg, argument in zip(node.args, target._schema.arguments, strict=False)
-        if argument.is_write
+        for name, arg in node.kwargs.items()
+        if name in by_name and by_name[name].is_write  # out=
     ]
     return target.overloadpacket.__name__, written
 
@@ -262,6 +273,48 @@ def runs_eagerly(tensors: Any) -> bool:
         return False
     plain = (torch.Tensor, torch.nn.Parameter)
     return all(type(t) in plain for t in tensors if isinstance(t, torch.Tensor))
+
+
+def functorch_transforms_active() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``) runs the caller: its tensors are
+    wrapped, and a step traced from them would trace the wrapping."""
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+def trace_on_fake(fn: Any, inputs: list[torch.Tensor]) -> torch.fx.GraphModule:
+    """``fn(*inputs)`` traced into a graph of ATen operations on fake tensors made from
+    ``inputs``; the real tensors ``fn`` captures become ``get_attr`` nodes of the graph, whose
+    attributes are those very tensors."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
+
+
+def map_over(
+    fn: Any, batched: list[tuple[torch.Tensor, int]], others: list[Any]
+) -> list[torch.Tensor]:
+    """``torch.func.vmap(fn, in_dims=(*dims, *[None] * len(others)))(*tensors, *others)`` for
+    ``batched = [(tensor, dim), ...]`` and a ``fn`` that returns a list of tensors, stacked on
+    axis 0: what ``vmap`` does, without the bookkeeping of its pytrees (tens of microseconds a
+    call)."""
+    from torch._C._functorch import _add_batch_dim, _remove_batch_dim
+    from torch._functorch.vmap import vmap_increment_nesting
+
+    size = batched[0][0].shape[batched[0][1]]
+    with vmap_increment_nesting(size, "error") as level:
+        outputs = fn(*(_add_batch_dim(t, d, level) for t, d in batched), *others)
+        return [_remove_batch_dim(out, level, size, 0) for out in outputs]
+
+
+TREE_SPEC_TYPES: tuple[type, ...] = (pytree.TreeSpec, cxx_pytree.PyTreeSpec)
+"""The structures of flattened pytrees, immutable and compared by value."""
+
+
+def torch_function_of(op: OpOverload) -> Any:
+    """The function of the ``torch`` namespace that the overload packet of ``op`` names
+    (``torch.mm`` for ``aten.mm.default``), or ``None``: called at less cost than ``op``, and
+    resolving the same overload from the same arguments."""
+    return getattr(torch._C._VariableFunctions, op.overloadpacket.__name__, None)
 
 
 def shape_env() -> Any:
@@ -451,6 +504,47 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "CompilationCallbackHandler",
         "whether that callback is registered (torch._dynamo.reset() clears them)",
         fields=("end_callbacks",),
+    ),
+    # hoisting
+    PrivateSymbol(
+        "torch._C",
+        "_are_functorch_transforms_active",
+        "leave a step that a torch.func transform runs unhoisted",
+    ),
+    PrivateSymbol(
+        _PROXY,
+        "make_fx",
+        "trace a step once to hoist what does not depend on its carry",
+        ("f", "tracing_mode", "_allow_non_fake_inputs"),
+    ),
+    PrivateSymbol(
+        "torch._C",
+        "_VariableFunctions",
+        "call a hoisted step's operations as the torch functions they are",
+    ),
+    PrivateSymbol("torch.utils._pytree", "TreeSpec", "compare captured pytree structures"),
+    PrivateSymbol(
+        "torch._functorch.vmap",
+        "vmap_increment_nesting",
+        "run a hoisted step's sequence part over every step at once",
+        ("batch_size", "randomness"),
+    ),
+    PrivateSymbol(
+        "torch._C._functorch",
+        "_add_batch_dim",
+        "run a hoisted step's sequence part over every step at once",
+    ),
+    PrivateSymbol(
+        "torch._C._functorch",
+        "_remove_batch_dim",
+        "run a hoisted step's sequence part over every step at once",
+    ),
+    PrivateSymbol(
+        "torch._ops",
+        "OpOverload",
+        "follow the views of a tensor a hoisted step writes into (OpOverload.is_view, an "
+        "instance attribute)",
+        source_text="self.is_view = ",
     ),
     # pytrees
     PrivateSymbol("torch.utils._cxx_pytree", "tree_flatten", "flatten pytrees fast", ("tree",)),

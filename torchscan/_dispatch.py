@@ -12,6 +12,8 @@ context of the call alone (:func:`choose`), and hands the plan to that strategy'
                  step gives them (:mod:`torchscan._eager`)
 ``"compiled"``   TorchDynamo compiles the call: one loop operator in the compiled graph
                  (:mod:`torchscan._compiled`)
+``"hoisted"``    the Python loop of the step's carry-dependent part, the rest computed once over
+                 the whole sequence (:mod:`torchscan._hoist`), where the step allows it
 ``"eager"``      the Python loop, every step checked (:mod:`torchscan._eager`)
 ===============  ===============================================================================
 """
@@ -22,10 +24,10 @@ from typing import Any, Literal
 
 import torch
 
-from torchscan import _compiled, _eager, _outputs, _torch_onnx_hook, _traced
+from torchscan import _compiled, _eager, _hoist, _outputs, _torch_onnx_hook, _traced
 from torchscan._plan import LoopPlan, ScanPlan
 
-Strategy = Literal["traced", "empty", "compiled", "eager"]
+Strategy = Literal["traced", "empty", "compiled", "hoisted", "eager"]
 """How a loop runs; :func:`choose` picks one for each call."""
 
 
@@ -53,6 +55,8 @@ def choose(plan: ScanPlan | LoopPlan) -> Strategy:
             return "empty"
         if compiling_now and plan.loop_operator and plan.direction is not None:
             return "compiled"
+        if not compiling_now and _hoist.eligible(plan):
+            return "hoisted"
         return "eager"
     none = plan.runs_no_iteration()
     if none is None:  # a tensor decides, read as the Python loop reads it
@@ -76,7 +80,12 @@ def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
         except _traced.DataDependentSlice as refusal:  # raised where the API is not known
             raise refusal.from_api(plan.protocol.api) from refusal.__cause__
     if isinstance(plan, ScanPlan):
-        runner = {"empty": _eager.scan_no_step, "compiled": _compiled.scan, "eager": _eager.scan}
+        runner = {
+            "empty": _eager.scan_no_step,
+            "compiled": _compiled.scan,
+            "hoisted": _hoist.scan,
+            "eager": _eager.scan,
+        }
         carry, ys = runner[strategy](plan)
         if plan.padded_length is not None:
             ys = _outputs.extend(ys, plan.out, plan.padded_length - plan.length)

@@ -74,12 +74,17 @@ class Outputs:
                     f"  * a later step returned {_pytree.structure_text(step_spec)}"
                 )
         columns = [list(c) for c in zip(*(step_leaves for step_leaves, _ in flat), strict=True)]
-        axes, reverse = layout.axes(ys[0]), layout.reverse(ys[0])
+        return self.stack_columns(columns, layout, ys[0])
+
+    def stack_columns(self, columns: Sequence[Sequence[Any]], layout: OutLayout, y: Any) -> Any:
+        """Stack ``columns``, leaf ``i`` of every step's ``y`` in the order the steps ran, as
+        :meth:`stack` stacks the leaves of ``y``; ``y`` is the first step's."""
+        axes, reverse = layout.axes(y), layout.reverse(y)
         stacked = [
-            self._stack_leaf(column[::-1] if r else column, a, ys[0], i)
+            self._stack_leaf(column[::-1] if r else column, a, y, i)
             for i, (column, a, r) in enumerate(zip(columns, axes, reverse, strict=True))
         ]
-        return _pytree.tree_unflatten(stacked, spec)
+        return _pytree.tree_unflatten(stacked, _pytree.tree_structure(y))
 
     def _stack_leaf(
         self, column: Sequence[Any], axis: int, y: Any, index: int

@@ -38,6 +38,9 @@ class ScanPlan:
         eagerly the steps past the longest example do not run; else ``None``.
       loop_operator: whether ``torch.compile`` may make the steps one loop operator (not for a
         step that changes Python state, which torch's loop operators refuse).
+      hoist: whether the work of the step that does not depend on the carry is done once
+        (:mod:`torchscan._hoist`): ``None`` where the step allows it and it pays, ``True``
+        wherever the step allows it, ``False`` never.
     """
 
     protocol: _steps.Protocol
@@ -52,6 +55,7 @@ class ScanPlan:
     length: Any
     padded_length: Any = None
     loop_operator: bool = True
+    hoist: bool | None = None
 
     @property
     def reverse(self) -> bool | None:

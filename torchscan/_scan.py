@@ -8,6 +8,7 @@ from typing import Any, SupportsIndex, TypeVar, overload
 import torch
 
 from torchscan import _checks, _dispatch, _layout, _lengths, _outputs, _pytree, _steps
+from torchscan._errors import TorchscanTypeError
 from torchscan._plan import ScanPlan
 from torchscan._until import Until
 
@@ -35,6 +36,7 @@ def scan(
     out_reverse: Any = None,
     lengths: torch.Tensor | None = None,
     batch_axis: SupportsIndex = 0,
+    hoist: bool | None = None,
 ) -> tuple[Carry, Y]: ...
 
 
@@ -53,6 +55,7 @@ def scan(
     out_reverse: Any = None,
     lengths: torch.Tensor | None = None,
     batch_axis: SupportsIndex = 0,
+    hoist: bool | None = None,
 ) -> tuple[Carry, Y]: ...
 
 
@@ -70,6 +73,7 @@ def scan(
     out_reverse: Any = None,
     lengths: torch.Tensor | None = None,
     batch_axis: SupportsIndex = 0,
+    hoist: bool | None = None,
 ) -> tuple[Carry, Y]:
     """Loop ``fn`` over an axis of ``xs`` while carrying state, stacking what each step returns.
 
@@ -200,6 +204,7 @@ def scan(
         out_reverse=out_reverse,
         lengths=lengths,
         batch_axis=batch_axis,
+        hoist=hoist,
     )
 
 
@@ -219,6 +224,7 @@ def scan_in_order(
     out_reverse: Any = None,
     lengths: Any = None,
     batch_axis: Any = 0,
+    hoist: bool | None = None,
 ) -> tuple[Any, Any]:
     """``scan``, with choices the public function does not offer: ``realign=False`` leaves
     ``ys`` in the order the steps ran when ``reverse`` (Theano's ``go_backwards``), where ``scan``
@@ -228,6 +234,10 @@ def scan_in_order(
     _checks.check_callable(_API, "fn", fn)
     _checks.refuse_torchscript(_API)
     _checks.refuse_strict_export(_API)
+    if hoist is not None and not isinstance(hoist, bool):
+        raise TorchscanTypeError(
+            f"{_API}: hoist must be True, False or None, but it is {_checks.describe(hoist)}."
+        )
     _lengths.refuse_packed(_API, xs)
     xs_leaves, xs_spec = _pytree.tree_flatten(xs)
     read_backwards, stacked_backwards = _layout.directions(
@@ -256,6 +266,7 @@ def scan_in_order(
         out=_layout.OutLayout(_API, int(axis), out_axes, out_reverse),
         length=n,
         loop_operator=loop_operator,
+        hoist=hoist,
     )
     _checks.check_int(_API, "batch_axis", batch_axis)
     if lengths is not None:

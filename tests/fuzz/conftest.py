@@ -11,7 +11,14 @@ import pytest
 
 from ._check import REFUSALS, RUNS, SKIPS
 
-DEFAULT_EXAMPLES = {"eager": 150, "export": 70, "vmap": 60, "padded": 30, "theano": 8}
+DEFAULT_EXAMPLES = {
+    "eager": 150,
+    "hoisted": 80,
+    "export": 70,
+    "vmap": 60,
+    "padded": 30,
+    "theano": 8,
+}
 """Programs per test in the default slice: every one run eagerly against the oracle, 70 of
 them also exported and run in onnxruntime; about four minutes on one core, export dominating."""
 

@@ -9,7 +9,12 @@ file of its own so that the test processes share the fuzzing.
 
 from __future__ import annotations
 
+import collections
+
 import hypothesis
+import pytest
+
+from torchscan import _hoist
 
 from ._check import RUNS, check_eager, check_vmap
 from ._padded import check_padded, padded_problems
@@ -25,6 +30,33 @@ def test_eager_matches_the_python_loop(fuzz_settings) -> None:
         check_eager(program)
 
     run()
+
+
+def test_hoisted_steps_match_the_python_loop(fuzz_settings, monkeypatch) -> None:
+    """Every program run twice (a step is traced on the second call of its signature), at every
+    length: hoisted wherever the rules let it be, and equal to the oracle either way."""
+    monkeypatch.setattr(_hoist, "BATCH_FROM", 1)  # batched over the steps at every length
+    outcomes: collections.Counter[str] = collections.Counter()
+
+    @fuzz_settings("hoisted")
+    @hypothesis.given(program=programs())
+    def run(program) -> None:
+        _hoist.clear()
+        if check_eager(program):
+            RUNS["hoisted"] += 1
+            before = _hoist.traces
+            check_eager(program)
+            if _hoist.traces > before:  # a scan's step (not a loop's) was traced
+                outcomes[_hoist.last.reason or _hoist.last.what] += 1
+                with monkeypatch.context() as patch:
+                    patch.setattr(_hoist, "BATCH_FROM", 10**9)  # at every step, in the loop
+                    check_eager(program)
+
+    run()
+    if sum(outcomes.values()) >= 20:  # the default slice: most of its programs are hoisted
+        assert outcomes["hoisted"] >= sum(outcomes.values()) // 2, outcomes
+    else:
+        pytest.fail(f"too few programs were traced to judge: {outcomes}")
 
 
 def test_vmap_matches_vmap_of_the_python_loop(fuzz_settings) -> None:

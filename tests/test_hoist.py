@@ -1,0 +1,583 @@
+"""Hoisting (``torchscan._hoist``): the work of a step that does not depend on the carry, done
+once per call, against the hand-written Python loop; and the rules of what is never hoisted."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import random
+import sys
+import types
+import warnings
+
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import torchscan
+from torchscan import _hoist
+
+from ._oracles import scan_loop
+
+T, B, H = 12, 3, 5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    _hoist.clear()
+    yield
+    _hoist.clear()
+
+
+def run_twice(fn, init, xs, **kwargs):
+    """``torchscan.scan`` called twice (a signature is traced on its second call); the second
+    call's results and what it did."""
+    torchscan.scan(fn, init, xs, **kwargs)
+    out = torchscan.scan(fn, init, xs, **kwargs)
+    return out, _hoist.last.what, _hoist.last.reason
+
+
+def close(got, want, **tol):
+    for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=True):
+        torch.testing.assert_close(g, w, **tol)
+
+
+def grads(outputs, inputs):
+    total = sum(leaf.sum() for leaf in pytree.tree_leaves(outputs) if leaf is not None)
+    return torch.autograd.grad(total, inputs, allow_unused=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The same results and gradients as the Python loop
+
+
+class Elman(torch.nn.Module):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.randn(size, size) / size**0.5)
+        self.U = torch.nn.Parameter(torch.randn(size, size) / size**0.5)
+        self.b = torch.nn.Parameter(torch.randn(size))
+
+    def forward(self, h, x):
+        h = torch.tanh(x @ self.W + self.b + h @ self.U)
+        return h, h
+
+
+class LSTM(torch.nn.Module):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.cell = torch.nn.LSTMCell(size, size)
+
+    def forward(self, carry, x):
+        h, c = self.cell(x, carry)
+        return (h, c), h
+
+
+class GRU(torch.nn.Module):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.cell = torch.nn.GRUCell(size, size)
+        self.out = torch.nn.Linear(size, 2)
+
+    def forward(self, h, x):
+        h = self.cell(x, h)
+        return h, {"logits": self.out(h), "input": torch.relu(x) * 2, "none": None}
+
+
+def init_of(model, batch):
+    h = torch.randn(batch, H, requires_grad=True)
+    if isinstance(model, LSTM):
+        return (h, torch.randn(batch, H, requires_grad=True))
+    return h
+
+
+@pytest.mark.parametrize("kind", [Elman, LSTM, GRU])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_results_and_gradients_are_the_python_loops(kind, reverse):
+    torch.manual_seed(0)
+    model = kind(H)
+    xs = torch.randn(T, B, H, requires_grad=True)
+    init = init_of(model, B)
+    (carry, ys), what, reason = run_twice(model, init, xs, reverse=reverse)
+    assert what == "hoisted", reason
+    want = scan_loop(model, init, xs, reverse=reverse)
+    close((carry, ys), want)
+    inputs = [xs, *pytree.tree_leaves(init), *model.parameters()]
+    for got, expected in zip(grads((carry, ys), inputs), grads(want, inputs), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+@hypothesis.given(
+    kind=st.sampled_from([Elman, LSTM, GRU]),
+    length=st.integers(1, 20),
+    batch=st.integers(1, 4),
+    axis=st.sampled_from([0, 1]),
+    reverse=st.booleans(),
+    grad=st.booleans(),
+)
+@hypothesis.settings(max_examples=25)
+def test_any_length_batch_axis_and_direction(kind, length, batch, axis, reverse, grad):
+    torch.manual_seed(1)
+    model = kind(H)
+    xs = torch.randn(length, batch, H).movedim(0, axis)
+    init = init_of(model, batch)
+    with torch.set_grad_enabled(grad):
+        (carry, ys), what, reason = run_twice(
+            model, init, xs, axis=axis, reverse=reverse, hoist=True
+        )
+        want = scan_loop(model, init, xs, axis=axis, reverse=reverse)
+    assert what == "hoisted", reason
+    close((carry, ys), want)
+
+
+def test_the_loop_part_reads_the_current_values_of_parameters():
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    run_twice(model, h, xs)
+    with torch.no_grad():
+        model.W.mul_(2.0)  # an optimizer's step
+    close(torchscan.scan(model, h, xs), scan_loop(model, h, xs))
+    model.U = torch.nn.Parameter(torch.randn(H, H))  # a parameter replaced
+    close(torchscan.scan(model, h, xs), scan_loop(model, h, xs))
+    assert _hoist.last.what in ("hoisted", "first call")
+
+
+def test_a_signature_is_traced_once():
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    before = _hoist.traces
+    for _ in range(5):
+        torchscan.scan(model, h, xs)
+    assert _hoist.traces - before == 1
+    torchscan.scan(model, h, torch.randn(2 * T, B, H))  # another length: the same signature
+    assert _hoist.traces - before == 1
+    for _ in range(2):
+        torchscan.scan(model, torch.randn(B + 1, H), torch.randn(T, B + 1, H))  # other shapes
+    assert _hoist.traces - before == 2
+
+
+def test_a_step_defined_at_every_call_is_traced_once():
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    before = _hoist.traces
+
+    def forward(memory):
+        def step(h, x):  # a new closure at every call, capturing a new tensor
+            h = torch.tanh(model.W @ x.T).T + h @ model.U + memory
+            return h, h
+
+        return torchscan.scan(step, h, xs)
+
+    for _ in range(4):
+        memory = torch.randn(B, H)
+        got = forward(memory)
+        close(got, scan_loop(functools.partial(_elman_memory, model, memory=memory), h, xs))
+    assert _hoist.traces - before == 1
+    assert _hoist.last.what == "hoisted"
+
+
+def _elman_memory(model, h, x, *, memory):
+    h = torch.tanh(model.W @ x.T).T + h @ model.U + memory
+    return h, h
+
+
+def test_python_values_a_step_reads_are_part_of_its_signature():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(H, H)
+            self.scale = 1.0
+
+        def forward(self, h, x):
+            return torch.tanh(self.lin(x) * self.scale + h), h
+
+    model = Scaled()
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    run_twice(model, h, xs)
+    for scale in (2.0, -1.0):
+        model.scale = scale
+        for _ in range(2):
+            close(torchscan.scan(model, h, xs), scan_loop(model, h, xs))
+    module = types.ModuleType("config")
+    module.SHIFT = 0.0
+    sys.modules["_hoist_test_config"] = module
+
+    def step(h, x, config=module):
+        return h + x + config.SHIFT, h
+
+    run_twice(step, h, xs)
+    module.SHIFT = 3.0
+    close(torchscan.scan(step, h, xs), scan_loop(step, h, xs))
+
+
+def test_a_modules_training_flag_is_part_of_its_signature():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Dropout(0.5))
+
+    def step(h, x):
+        h = torch.tanh(model(x) + h)
+        return h, h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    model.eval()
+    run_twice(step, h, xs)
+    model.train()
+    torch.manual_seed(3)
+    got = torchscan.scan(step, h, xs)
+    torch.manual_seed(3)
+    close(got, scan_loop(step, h, xs))
+
+
+# ---------------------------------------------------------------------------------------------
+# What is hoisted
+
+
+def test_the_input_projection_runs_once_over_the_sequence():
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    run_twice(model, h, xs)
+    hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
+    assert hoisted.sequence_count == 1
+    assert [op for op in hoisted.operations if "mm" in op] == ["mm.default"]  # h @ U only
+    with CountProducts() as products:
+        torchscan.scan(model, h, xs)
+    assert products.count == T + 1  # one product per step, and one over all of them
+
+
+def test_work_on_parameters_alone_runs_once():
+    log_a = torch.nn.Parameter(torch.randn(H))
+
+    def step(h, x):
+        a = -torch.exp(log_a)  # as a state-space model discretizes
+        h = h * torch.exp(a) + x
+        return h, h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    (carry, ys), what, reason = run_twice(step, h, xs)
+    assert what == "hoisted", reason
+    hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
+    assert not [op for op in hoisted.operations if "exp" in op]
+    close((carry, ys), scan_loop(step, h, xs))
+    got, want = grads((carry, ys), [log_a]), grads(scan_loop(step, h, xs), [log_a])
+    torch.testing.assert_close(got[0], want[0])
+
+
+class CountProducts(torch.overrides.TorchFunctionMode):
+    """Counts the matrix products torch is asked for."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "").split(".")[0]  # aten.mm.default is "mm.default"
+        self.count += name in ("mm", "addmm", "matmul", "__matmul__")
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_short_scan_computes_the_sequence_part_in_the_loop():
+    model = Elman(H)
+    n = _hoist.BATCH_FROM - 1
+    xs, h = torch.randn(n, B, H), torch.randn(B, H)
+    (got, what, reason) = run_twice(model, h, xs)
+    assert what == "hoisted", reason
+    close(got, scan_loop(model, h, xs))
+    with CountProducts() as products:
+        torchscan.scan(model, h, xs)
+    assert products.count == 2 * n  # both products at every step: nothing batched
+    xs = torch.randn(n + 1, B, H)
+    with CountProducts() as products:
+        got = torchscan.scan(model, h, xs)
+    assert products.count == n + 1 + 1  # the input projection once, batched
+    close(got, scan_loop(model, h, xs))
+
+
+def test_hoist_false_never_traces():
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    before = _hoist.traces
+    for _ in range(3):
+        torchscan.scan(model, h, xs, hoist=False)
+    assert _hoist.traces == before
+
+
+def test_hoisting_that_would_take_too_much_memory_is_left_to_hoist_true(monkeypatch):
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    monkeypatch.setattr(_hoist, "AUTO_MEMORY_LIMIT", T * B * H * 4 - 1)
+    run_twice(model, h, xs)
+    with CountProducts() as products:
+        got = torchscan.scan(model, h, xs)
+    assert products.count == 2 * T  # both products at every step, as the Python loop
+    close(got, scan_loop(model, h, xs))
+    with CountProducts() as products:
+        torchscan.scan(model, h, xs, hoist=True)
+    assert products.count == T + 1
+    monkeypatch.setattr(_hoist, "AUTO_MEMORY_LIMIT", T * B * H * 4)
+    with CountProducts() as products:
+        torchscan.scan(model, h, xs)
+    assert products.count == T + 1
+
+
+def test_hoist_must_be_a_bool_or_none():
+    with pytest.raises(
+        TypeError, match=r"torchscan.scan: hoist must be True, False or None, but it is a str"
+    ):
+        torchscan.scan(lambda c, x: (c, x), torch.zeros(()), torch.zeros(3), hoist="yes")
+
+
+# ---------------------------------------------------------------------------------------------
+# What is never hoisted: the step runs as the Python loop, with the Python loop's effects
+
+
+def not_hoisted(fn, init, xs, reason):
+    """The step runs as the loop (with ``hoist=True``: a warning says why), and gives the
+    Python loop's results."""
+    with pytest.warns(_hoist.HoistWarning, match=reason):
+        return torchscan.scan(fn, init, xs, hoist=True)
+
+
+def test_random_operations_keep_the_loops_random_stream():
+    lin = torch.nn.Linear(H, H)
+
+    def step(h, x):
+        noise = torch.randn_like(h)
+        h = torch.tanh(torch.nn.functional.dropout(lin(x), 0.3) + h) + 0.1 * noise
+        return h, h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    run_twice(step, h, xs)
+    assert _hoist.last.what == "hoisted"
+    torch.manual_seed(5)
+    got = torchscan.scan(step, h, xs)
+    torch.manual_seed(5)
+    close(got, scan_loop(step, h, xs))
+
+
+def test_a_step_that_reads_a_value_in_python():
+    def step(h, x):
+        if x.sum() > 0:
+            return h + x, h
+        return h - x, h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    got = not_hoisted(
+        step,
+        h,
+        xs,
+        r"reads a tensor's value in Python .* at .*test_hoist.py:\d+ \(if x.sum\(\) > 0:\)",
+    )
+    close(got, scan_loop(step, h, xs))
+
+
+def test_a_step_that_changes_a_captured_list():
+    seen = []
+
+    def step(h, x):
+        seen.append(x)
+        return h + x, h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    not_hoisted(step, h, xs, r"changes a captured list \(append\)")
+    assert len(seen) == T
+
+
+def test_a_step_that_prints():
+    def step(h, x):
+        print("step")
+        return h + x, h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        not_hoisted(step, h, xs, r"calls print")
+    assert out.getvalue().count("step") == T
+
+
+def test_a_step_that_counts_its_calls():
+    calls = 0
+
+    def step(h, x):
+        nonlocal calls
+        calls += 1
+        return h + x, h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    not_hoisted(step, h, xs, r"changes state \(store_deref calls\)")
+    assert calls == T
+
+
+def test_a_module_that_keeps_its_last_state():
+    class Remember(torch.nn.Module):
+        def forward(self, h, x):
+            self.last = h
+            return h + x, h
+
+    model = Remember()
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    carry, _ = not_hoisted(model, h, xs, r"changes state \(store_attr last\)")
+    torch.testing.assert_close(model.last, carry - xs[-1])
+
+
+def test_a_step_that_draws_python_random_numbers():
+    def step(h, x):
+        return h + x * random.random(), h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    random.seed(0)
+    got = not_hoisted(step, h, xs, r"random")
+    random.seed(0)
+    close(got, scan_loop(step, h, xs))
+
+
+def test_a_step_that_writes_into_a_captured_buffer():
+    count = torch.zeros(())
+
+    def step(h, x):
+        count.add_(1)
+        return h + x, h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    not_hoisted(step, h, xs, r"writes in place into a captured tensor \(add_\)")
+    assert count.item() == T  # the trace stopped before the write
+
+
+def test_a_batch_norm_that_updates_its_statistics():
+    norm = torch.nn.BatchNorm1d(H)
+
+    def step(h, x):
+        return torch.tanh(norm(x) + h), h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    not_hoisted(step, h, xs, r"writes in place")
+    assert norm.num_batches_tracked.item() == T
+    norm.eval()
+    (got, _), what, reason = run_twice(step, h, xs)
+    assert what == "hoisted", reason
+    close(got, scan_loop(step, h, xs)[0])
+
+
+def test_a_value_written_into_at_every_step_is_made_at_every_step():
+    lin = torch.nn.Linear(H, H)
+
+    def step(h, x):
+        a = lin(x)  # from x alone, but written into with the carry
+        a.add_(h)
+        return torch.tanh(a), h
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    (got, ys), what, reason = run_twice(step, h, xs)
+    assert what == "hoisted", reason
+    hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
+    assert "addmm.default" in hoisted.operations
+    assert hoisted.sequence_count == 0
+    close((got, ys), scan_loop(step, h, xs))
+
+
+def test_writes_into_values_made_at_every_step_are_hoisted():
+    lin = torch.nn.Linear(H, H)
+
+    def step(h, x):
+        a = h @ lin.weight
+        a.add_(lin(x))
+        a.tanh_()
+        return a, a
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    (got, ys), what, reason = run_twice(step, h, xs)
+    assert what == "hoisted", reason
+    close((got, ys), scan_loop(step, h, xs))
+
+
+def test_a_nested_scan_is_not_hoisted():
+    def inner(c, x):
+        return c + x, c
+
+    def step(h, x):
+        c, _ = torchscan.scan(inner, h, x)
+        return c, c
+
+    xs, h = torch.randn(T, B, H), torch.randn(H)
+    got = not_hoisted(step, h, xs, r"runs a scan or loop of its own")
+    close(got, scan_loop(step, h, xs))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_until_stops_the_hoisted_loop_where_the_python_loop_stops(reverse):
+    lin = torch.nn.Linear(H, H)
+
+    def step(h, x):
+        h = h + torch.sigmoid(lin(x))
+        return h, {"h": h, "none": None}, torchscan.until(h.sum() > 20)
+
+    xs, h = torch.randn(T, B, H), torch.zeros(B, H)
+    (carry, ys), what, reason = run_twice(step, h, xs, reverse=reverse)
+    assert what == "hoisted", reason
+    want = scan_loop(step, h, xs, reverse=reverse)
+    assert 1 < ys["h"].shape[0] < T
+    close((carry, ys), want)
+
+
+def test_user_tensors_are_never_changed():
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    copies = [t.clone() for t in (xs, h, *model.parameters())]
+    run_twice(model, h, xs)
+    for t, copy in zip((xs, h, *model.parameters()), copies, strict=True):
+        assert torch.equal(t, copy)
+
+
+def test_under_a_cprofile_nothing_is_traced():
+    import cProfile
+
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    profile = cProfile.Profile()
+    before = _hoist.traces
+    profile.enable()
+    try:
+        for _ in range(2):
+            got = torchscan.scan(model, h, xs)
+    finally:
+        profile.disable()
+    assert _hoist.traces == before
+    close(got, scan_loop(model, h, xs))
+
+
+def test_a_python_profile_function_keeps_running_while_a_step_is_traced():
+    events = []
+    model = Elman(H)
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    sys.setprofile(lambda frame, event, arg: events.append(event))
+    try:
+        run_twice(model, h, xs)
+    finally:
+        sys.setprofile(None)
+    assert _hoist.last.what == "hoisted"
+    assert events.count("call") > 10
+
+
+def test_lengths_are_hoisted_like_any_scan():
+    model = LSTM(H)
+    xs = torch.randn(T, B, H)
+    init = init_of(model, B)
+    lengths = torch.tensor([T, 3, 0])
+    (got, what, reason) = run_twice(model, init, xs, lengths=lengths)
+    assert what == "hoisted", reason
+    want = torchscan.scan(model, init, xs, lengths=lengths, hoist=False)
+    close(got, want)
+
+
+def test_under_vmap_nothing_is_traced():
+    model = Elman(H)
+    xs, h = torch.randn(4, T, B, H), torch.randn(4, B, H)
+    before = _hoist.traces
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            got = torch.func.vmap(lambda h, xs: torchscan.scan(model, h, xs))(h, xs)
+    assert _hoist.traces == before
+    close(got[0], torch.stack([scan_loop(model, h[i], xs[i])[0] for i in range(4)]))
