@@ -336,7 +336,7 @@ def test_hoist_must_be_a_bool_or_none():
 def not_hoisted(fn, init, xs, reason):
     """The step runs as the loop (with ``hoist=True``: a warning says why), and gives the
     Python loop's results."""
-    with pytest.warns(_hoist.HoistWarning, match=reason):
+    with pytest.warns(torchscan.HoistWarning, match=reason):
         return torchscan.scan(fn, init, xs, hoist=True)
 
 
@@ -581,3 +581,54 @@ def test_under_vmap_nothing_is_traced():
             got = torch.func.vmap(lambda h, xs: torchscan.scan(model, h, xs))(h, xs)
     assert _hoist.traces == before
     close(got[0], torch.stack([scan_loop(model, h[i], xs[i])[0] for i in range(4)]))
+
+
+def test_the_structure_of_x_is_part_of_the_signature():
+    def mix(carry, x):
+        total = sum(leaf.sum() for leaf in pytree.tree_leaves(x))
+        return carry * 0.5 + total, pytree.tree_map(lambda leaf: leaf * carry, x)
+
+    xs, init = torch.randn(T, 2), torch.tensor(1.0)
+    for tree in (xs, [xs], {"a": xs}, (xs,)):
+        for _ in range(2):
+            carry, ys = torchscan.scan(mix, init, tree)
+            close((carry, ys), scan_loop(mix, init, tree))
+            assert pytree.tree_structure(ys) == pytree.tree_structure(tree)
+
+
+def test_the_values_of_captured_tensors_are_never_read_while_tracing():
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    for i in range(3):  # a loop's counter, captured: xs[i] would be traced as xs[0]
+        index = torch.tensor(i)
+
+        def step(c, x, index=index):
+            return torch.tanh(c + x * xs[index]), c
+
+        got = not_hoisted(step, h, xs, r"reads the value of a captured 0-d tensor")
+        close(got, scan_loop(step, h, xs))
+    threshold = torch.tensor(0.5)
+
+    def gated(c, x):
+        if threshold > 0:  # a captured tensor's value, read by Python
+            return c + x, c
+        return c - x, c
+
+    got = not_hoisted(gated, h, xs, r"reads (the|a) tensor's value|reads the value")
+    close(got, scan_loop(gated, h, xs))
+
+
+def test_steps_of_programs_made_and_dropped_never_share_a_signature():
+    """Code objects and classes of programs built and dropped one after another (as ``exec``
+    makes them) may take one another's addresses; a signature holds what it names."""
+    import gc
+
+    xs, h = torch.randn(T, 2), torch.randn(2)
+    for k in range(6):
+        source = f"def step(c, x):\n    return c + x * {k}, x * {k + 1}\n"
+        namespace: dict = {}
+        exec(compile(source, f"<program {k}>", "exec"), namespace)
+        step = namespace["step"]
+        for _ in range(2):
+            close(torchscan.scan(step, h, xs), scan_loop(step, h, xs))
+        del namespace, step
+        gc.collect()

@@ -2,6 +2,7 @@
 
 from torchscan import _torch_onnx_hook
 from torchscan._errors import ExportError as ExportError
+from torchscan._errors import HoistWarning as HoistWarning
 from torchscan._errors import TorchscanError as TorchscanError
 from torchscan._errors import TorchscanTypeError as TorchscanTypeError
 from torchscan._errors import TorchscanValueError as TorchscanValueError
@@ -14,6 +15,7 @@ from torchscan._steps import until as until
 
 __all__ = [
     "ExportError",
+    "HoistWarning",
     "TorchscanError",
     "TorchscanTypeError",
     "TorchscanValueError",

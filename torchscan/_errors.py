@@ -93,7 +93,16 @@ class ExportError(TorchscanError, NotImplementedError):
 
 class TorchscanWarning(UserWarning):
     """The base class of every warning torchscan gives itself: an export that succeeds, but whose
-    model a common runtime will not run as it is (the message says which, and what to do)."""
+    model a common runtime will not run as it is (the message says which, and what to do); a
+    step given ``hoist=True`` that cannot be hoisted."""
+
+    __module__ = "torchscan"
+
+
+class HoistWarning(TorchscanWarning):
+    """``scan(..., hoist=True)`` with a step that cannot be hoisted: it runs as the Python loop,
+    every step as written. The message names the step, where it is defined, and why (the line
+    of the step that reads a tensor's value, the state it changes)."""
 
     __module__ = "torchscan"
 

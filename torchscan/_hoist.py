@@ -56,6 +56,7 @@ import torch
 import torch.fx
 
 from torchscan import _compat, _pytree, _source
+from torchscan._errors import HoistWarning
 from torchscan._plan import ScanPlan
 from torchscan._until import Until
 
@@ -97,6 +98,22 @@ _STABLE = (
 )
 
 
+class _Identity:
+    """An object compared by identity, and held by the key it is part of: an ``id`` alone would
+    be taken by another object once the first one is gone."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
 class _Walk:
     """The captured state of a step: a hashable key, the tensors it reaches (in a fixed order),
     and the ids of the containers it reaches (which the step must not change)."""
@@ -120,7 +137,7 @@ class _Walk:
         if isinstance(obj, (*_TORCH_VALUES, *_VALUES, enum.Enum)):
             return obj
         if isinstance(obj, _STABLE):
-            return ("id", id(obj))
+            return ("is", _Identity(obj))
         self.count += 1
         if self.count > _WALK_LIMIT or depth > 12:
             raise _NotHoistable("captures too much to read at every call")
@@ -168,7 +185,7 @@ class _Walk:
             self.containers.add(id(state))
             return (
                 "object",
-                id(kind),
+                _Identity(kind),
                 tuple((k, self.key(v, depth + 1)) for k, v in state.items()),
             )
         raise _NotHoistable(f"captures a {kind.__name__}, whose state is not known")
@@ -188,7 +205,7 @@ class _Walk:
                 items.append((name, tuple((k, self.key(v, depth + 1)) for k, v in value.items())))
             else:
                 items.append((name, self.key(value, depth + 1)))
-        return ("module", id(type(module)), tuple(items))
+        return ("module", _Identity(type(module)), tuple(items))
 
     def _tensor(self, t: torch.Tensor) -> Any:
         if type(t) not in _TENSORS:
@@ -215,7 +232,7 @@ class _Walk:
                 cells.append(("empty",))
         return (
             "function",
-            id(code),
+            code,  # by value: equal code does the same; and held, so no other takes its id
             tuple(cells),
             tuple(self._global(value, names, depth) for value in fn.__defaults__ or ()),
             tuple(
@@ -401,6 +418,27 @@ class _Watch:
             self.reason = f"it draws Python random numbers ({name})"
 
 
+_VALUE_READS = {
+    "item", "__bool__", "__int__", "__float__", "__complex__", "__index__", "tolist", "numpy",
+    "__array__", "__format__", "__repr__", "__str__",
+}  # fmt: skip
+
+_TENSOR_OPERANDS = {
+    "__get__", "size", "dim", "numel", "__len__", "stride", "storage_offset", "is_contiguous",
+    "_is_view", "element_size", "is_floating_point", "is_complex", "nelement", "ndimension",
+    "get_device", "add", "sub", "mul", "div", "true_divide",
+    "floor_divide", "remainder", "fmod", "pow", "where", "eq", "ne", "lt", "le", "gt", "ge",
+    "maximum", "minimum", "logical_and", "logical_or", "logical_xor", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "to", "type_as", "clone", "detach", "neg", "abs",
+    *(f"__{op}__" for op in (
+        "add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv",
+        "rfloordiv", "mod", "rmod", "pow", "rpow", "and", "rand", "or", "ror", "xor", "rxor",
+        "lt", "le", "gt", "ge", "eq", "ne", "neg", "invert", "matmul", "rmatmul",
+    )),
+}  # fmt: skip
+"""Functions that read their tensor arguments as tensors: a captured 0-d integer tensor is an
+operand there, not a number Python reads."""
+
 _REFUSED_MODULES = {"random", "_random", "time", "numpy.random", "numpy.random.mtrand",
                     "logging", "_warnings"}  # fmt: skip
 
@@ -506,11 +544,14 @@ def trace(
 class _NoWritesIntoRealTensors(torch.overrides.TorchFunctionMode):
     """While a step is traced its arguments are fake tensors, and so is every tensor it makes;
     a real tensor is one it captures. Fake tensors would write into it for real: refuse the
-    write before it happens."""
+    write before it happens. A value Python reads from it would be a constant of the graph:
+    refuse the read (``.item()``, ``bool()``, a 0-d integer tensor as an index)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name in _VALUE_READS and args and type(args[0]) in _TENSORS:
+            raise _NotHoistable(f"it reads the value of a captured tensor ({name})")
         writes = name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
         writes = writes or (name.startswith("__i") and name.endswith("__") and name != "__index__")
         targets = [args[0]] if writes and args else []
@@ -519,6 +560,11 @@ class _NoWritesIntoRealTensors(torch.overrides.TorchFunctionMode):
         for target in targets:
             if type(target) in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
                 raise _NotHoistable(f"it writes in place into a captured tensor ({name})")
+        if name not in _TENSOR_OPERANDS:
+            for value in _pytree.tree_leaves((args, kwargs)):
+                # a 0-d integer tensor that torch may read as an int (an index, a size, a start)
+                if type(value) in _TENSORS and value.ndim == 0 and not value.is_floating_point():
+                    raise _NotHoistable(f"it reads the value of a captured 0-d tensor ({name})")
         return func(*args, **kwargs)
 
 
@@ -881,8 +927,8 @@ traces = 0
 def signature(
     fn: Callable[..., Any], carry_leaves: Sequence[Any], x_meta: Sequence[Any]
 ) -> tuple[Any, _Walk]:
-    """The key of a step's signature (what it captures, and its arguments' shapes, dtypes,
-    devices and gradients, and the grad mode), and the walk that read it."""
+    """The key of a step's signature (what it captures, and its arguments' structures, shapes,
+    dtypes, devices and gradients, and the grad mode), and the walk that read it."""
     walk = _Walk()
     key = walk.key(fn)
     return (
@@ -1015,7 +1061,8 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
     reverse = plan.direction[0]  # type: ignore[index]
     n = plan.length
     carry_type = plan.carry
-    x_meta = []
+    # the structures of the carry and of x, then the metadata of x's leaves
+    x_meta: list[Any] = [carry_type.spec, plan.xs_spec]
     for leaf, axis in zip(plan.xs_leaves, plan.in_axes, strict=True):
         if leaf is None:
             x_meta.append(None)
@@ -1078,18 +1125,28 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
         columns = [s.unbind(0) for s in sequences]
         columns += [xs[i].unbind(axes[i]) for i in hoisted.x_used]
         loop = hoisted.loop
-    carry_out, y_columns, ran = loop(carry, columns, [*captured, *once], order)
-    tensors = iter(carry_out)
-    final = [next(tensors) if leaf is not None else None for leaf in carry_type.leaves]
+    carry_out, y_columns, _ = loop(carry, columns, [*captured, *once], order)
+    if carry_type.single:
+        final_carry: Any = carry_out[0]
+    else:
+        tensors = iter(carry_out)
+        final = [next(tensors) if leaf is not None else None for leaf in carry_type.leaves]
+        final_carry = _pytree.tree_unflatten(final, carry_type.spec)
+    # Every step's y has the types the trace checked: stacked without checking them again.
     y_first = _pytree.tree_unflatten(
         _fill([column[0] for column in y_columns], hoisted.y_tensor), hoisted.y_spec
     )
-    all_columns = _fill(y_columns, hoisted.y_tensor)
-    all_columns = [[None] * ran if column is None else column for column in all_columns]
-    return (
-        _pytree.tree_unflatten(final, carry_type.spec),
-        protocol.outputs.stack_columns(all_columns, plan.out, y_first),
-    )
+    layout = plan.out
+    stacked = [
+        torch.stack(column[::-1] if backwards else column, axis)
+        for column, axis, backwards in zip(
+            y_columns,
+            [a for a, t in zip(layout.axes(y_first), hoisted.y_tensor, strict=True) if t],
+            [r for r, t in zip(layout.reverse(y_first), hoisted.y_tensor, strict=True) if t],
+            strict=True,
+        )
+    ]
+    return final_carry, _pytree.tree_unflatten(_fill(stacked, hoisted.y_tensor), hoisted.y_spec)
 
 
 def _warn(plan: ScanPlan, reason: str) -> None:
@@ -1110,10 +1167,6 @@ def _users_frame() -> int:
     while frame is not None and not _source.is_users(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1  # type: ignore[assignment]
     return level
-
-
-class HoistWarning(UserWarning):
-    """A step given ``hoist=True`` that runs as the Python loop."""
 
 
 def _fill(tensors: Sequence[Any], flags: Sequence[bool]) -> list[Any]:

@@ -126,8 +126,11 @@ def scan(
     ``ys``), and never changes ``init`` or ``xs``; it returns ``ys`` of the right shape and
     dtype when ``n == 0`` (found by running ``fn`` on fake tensors, never on real data); and under
     ``torch.onnx.export`` it becomes one ONNX ``Scan`` node instead of an unrolled graph.
-    Eagerly it runs at the speed of the Python loop, on the device of its inputs, and autograd
-    flows through it to ``init``, ``xs`` and every tensor ``fn`` captures.
+    Eagerly it runs on the device of its inputs, autograd flows through it to ``init``, ``xs``
+    and every tensor ``fn`` captures, and from the second call with the same signature it does
+    the work of ``fn`` that does not depend on the carry once for the whole sequence (an input
+    projection ``x @ W`` becomes one product), which may round differently from one product per
+    step (see ``hoist``).
 
     Args:
         fn: ``fn(carry, x) -> (new_carry, y)``. ``new_carry`` must have the structure, shapes,
@@ -162,6 +165,14 @@ def scan(
             becomes ``xs, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed)``.
         batch_axis: with ``lengths``, the batch axis of every carry leaf and of every leaf of
             ``y`` (as ``fn`` sees and returns them).
+        hoist: whether the work of ``fn`` that does not depend on the carry is done once, over
+            every step: ``None`` (the default) from the second call of a signature (``fn``'s
+            code and what it captures, the structures, shapes, dtypes and devices of ``init``
+            and ``x``), where ``fn`` allows it (no Python control flow on tensor values, no
+            state changed, no write into an argument or a captured tensor; random operations
+            stay at every step); ``True`` from the first call, warning (``HoistWarning``) where
+            ``fn`` does not allow it; ``False`` never. A step that is not hoisted runs as the
+            Python loop, every step as written. See the guide's "Speed: hoisting".
 
     Returns:
         ``(carry, ys)``: the carry after the last step, and every leaf of ``y`` stacked along
@@ -172,7 +183,7 @@ def scan(
         TypeError: ``fn`` is not callable or does not return a pair; a leaf of ``init``, ``xs``
             or ``y`` is not a tensor or ``None``; the carry or ``y`` changes structure, shape,
             dtype or device at any step; ``reverse`` is not a bool; ``lengths`` is not a tensor
-            of integers; ``xs`` is a ``PackedSequence``.
+            of integers; ``xs`` is a ``PackedSequence``; ``hoist`` is not a bool or ``None``.
         ValueError: ``axis`` is out of range for an ``xs`` or ``y`` leaf; the ``xs`` leaves have
             different lengths; ``length`` is missing, negative or disagrees with ``xs``; the
             tensors of ``init`` and ``xs`` are on different devices; ``fn`` changes its carry
