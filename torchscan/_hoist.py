@@ -19,15 +19,17 @@ A step is hoisted only where running the graph instead of the step cannot be tol
 Python loop but by rounding (a matmul over the whole sequence may add in another order):
 
 * it traces on fake tensors: no Python control flow on tensor values, no ``.item()``, no
-  operation whose output shape depends on values;
+  operation whose output shape depends on values, no value of a captured tensor read by Python
+  (``bool(buffer)``, a captured 0-d integer tensor as an index);
 * it changes no argument and no captured tensor in place (a batch norm that updates its running
-  statistics, a buffer written into), and writes in place into nothing computed in a class that
-  runs less often than the write;
-* the Python it runs outside torch changes no state: no ``print``, no logging, no ``random``
-  or ``time``, no assignment to an attribute, a global, a subscript or an enclosing
-  function's variable, no mutation of a list, dict or set it captures, no nested scan;
-* it returns ``(carry, y)`` of tensors (no ``until``), and what it captures is of known kinds:
-  tensors, modules, functions, numbers, strings, and containers and plain objects of them.
+  statistics, a buffer written into); a value it writes into is made in the class of the write;
+* the Python it runs on its behalf changes no state: no ``print``, no logging, no warnings, no
+  ``random`` or ``time``, no assignment to an attribute, a global, a subscript or an enclosing
+  function's variable, no mutation of a list, dict or set it captures, no nested scan; the
+  trace stops before such a call, so that tracing changes nothing either;
+* it returns ``(carry, y)`` or ``(carry, y, until(stop))`` of tensors, and what it captures is
+  of known kinds: tensors, modules, functions, numbers, strings, and containers and plain
+  objects of them.
 
 Everything the step captures is part of its signature, read at every call: tensors by their
 shapes, dtypes, devices and whether they require gradients (their values are read when the graph
