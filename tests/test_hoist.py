@@ -22,7 +22,7 @@ from torchscan import _hoist
 
 from ._oracles import scan_loop
 
-T, B, H = 12, 3, 5
+T, B, H = 20, 3, 5
 
 
 @pytest.fixture(autouse=True)

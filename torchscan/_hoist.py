@@ -62,7 +62,7 @@ from torchscan._errors import HoistWarning
 from torchscan._plan import ScanPlan
 from torchscan._until import Until
 
-BATCH_FROM = 8
+BATCH_FROM = 16
 """A scan of fewer steps computes the work that depends on ``x`` alone at every step, in the
 loop: batching it over the steps costs more than it saves there."""
 
@@ -234,7 +234,7 @@ class _Walk:
                 cells.append(("empty",))
         return (
             "function",
-            code,  # by value: equal code does the same; and held, so no other takes its id
+            _Identity(code),
             tuple(cells),
             tuple(self._global(value, names, depth) for value in fn.__defaults__ or ()),
             tuple(
@@ -467,6 +467,7 @@ class Hoisted:
     x_used: tuple[int, ...]  # which x tensors the loop reads
     y_tensor: tuple[bool, ...]  # which leaves of y are tensors
     y_spec: Any
+    y_leaf: bool  # y is one tensor
     sequence_count: int
     sequence_bytes: int  # per step
     source: str  # the generated loop, for debugging
@@ -719,6 +720,7 @@ def _split(gm: torch.fx.GraphModule, walk: _Walk, n_carry: int, shape: dict[str,
         x_used=x_used,
         y_tensor=shape["y_tensor"],
         y_spec=shape["y_spec"],
+        y_leaf=_pytree.is_leaf_spec(shape["y_spec"]) and shape["y_tensor"] == (True,),
         sequence_count=len(sequence_out),
         sequence_bytes=sum(_bytes(n) for n in sequence_out),
         source=source,
@@ -1071,12 +1073,13 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
             continue
         if type(leaf) not in _PLAIN:
             return None
-        shape = leaf.shape
+        shape = leaf.shape  # x's leaf: without axis (the length is no part of a signature)
         x_meta.append(
             (shape[:axis] + shape[axis + 1 :], leaf.dtype, leaf.device, leaf.requires_grad)
         )
-    if any(leaf is not None and type(leaf) not in _PLAIN for leaf in carry_type.leaves):
-        return None
+    for leaf in carry_type.leaves:
+        if leaf is not None and type(leaf) not in _PLAIN:
+            return None
     protocol = plan.protocol
 
     def first_step() -> tuple[Any, Any]:
@@ -1135,20 +1138,23 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
         final = [next(tensors) if leaf is not None else None for leaf in carry_type.leaves]
         final_carry = _pytree.tree_unflatten(final, carry_type.spec)
     # Every step's y has the types the trace checked: stacked without checking them again.
-    y_first = _pytree.tree_unflatten(
-        _fill([column[0] for column in y_columns], hoisted.y_tensor), hoisted.y_spec
-    )
-    layout = plan.out
+    layout, flags = plan.out, hoisted.y_tensor
+    if layout.axes_prefix is None and isinstance(layout.reverse_prefix, bool):
+        axes = [layout.axis] * len(y_columns)
+        reverses = [layout.reverse_prefix] * len(y_columns)
+    else:
+        y_first = _pytree.tree_unflatten(
+            _fill([column[0] for column in y_columns], flags), hoisted.y_spec
+        )
+        axes = [a for a, t in zip(layout.axes(y_first), flags, strict=True) if t]
+        reverses = [r for r, t in zip(layout.reverse(y_first), flags, strict=True) if t]
     stacked = [
         torch.stack(column[::-1] if backwards else column, axis)
-        for column, axis, backwards in zip(
-            y_columns,
-            [a for a, t in zip(layout.axes(y_first), hoisted.y_tensor, strict=True) if t],
-            [r for r, t in zip(layout.reverse(y_first), hoisted.y_tensor, strict=True) if t],
-            strict=True,
-        )
+        for column, axis, backwards in zip(y_columns, axes, reverses, strict=True)
     ]
-    return final_carry, _pytree.tree_unflatten(_fill(stacked, hoisted.y_tensor), hoisted.y_spec)
+    if hoisted.y_leaf:
+        return final_carry, stacked[0]
+    return final_carry, _pytree.tree_unflatten(_fill(stacked, flags), hoisted.y_spec)
 
 
 def _warn(plan: ScanPlan, reason: str) -> None:

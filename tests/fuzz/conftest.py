@@ -13,7 +13,7 @@ from ._check import REFUSALS, RUNS, SKIPS
 
 DEFAULT_EXAMPLES = {
     "eager": 150,
-    "hoisted": 80,
+    "hoisted": 50,
     "export": 70,
     "vmap": 60,
     "padded": 30,
