@@ -32,10 +32,11 @@ def _fresh_cache():
     _hoist.clear()
 
 
-def run_twice(fn, init, xs, **kwargs):
-    """``torchscan.scan`` called twice (a signature is traced on its second call); the second
+def run_until_traced(fn, init, xs, **kwargs):
+    """``torchscan.scan`` called until a signature is traced (at its third call); the last
     call's results and what it did."""
-    torchscan.scan(fn, init, xs, **kwargs)
+    for _ in range(_hoist.TRACE_AT_CALL - 1):
+        torchscan.scan(fn, init, xs, **kwargs)
     out = torchscan.scan(fn, init, xs, **kwargs)
     return out, _hoist.last.what, _hoist.last.reason
 
@@ -101,7 +102,7 @@ def test_results_and_gradients_are_the_python_loops(kind, reverse):
     model = kind(H)
     xs = torch.randn(T, B, H, requires_grad=True)
     init = init_of(model, B)
-    (carry, ys), what, reason = run_twice(model, init, xs, reverse=reverse)
+    (carry, ys), what, reason = run_until_traced(model, init, xs, reverse=reverse)
     assert what == "hoisted", reason
     want = scan_loop(model, init, xs, reverse=reverse)
     close((carry, ys), want)
@@ -125,7 +126,7 @@ def test_any_length_batch_axis_and_direction(kind, length, batch, axis, reverse,
     xs = torch.randn(length, batch, H).movedim(0, axis)
     init = init_of(model, batch)
     with torch.set_grad_enabled(grad):
-        (carry, ys), what, reason = run_twice(
+        (carry, ys), what, reason = run_until_traced(
             model, init, xs, axis=axis, reverse=reverse, hoist=True
         )
         want = scan_loop(model, init, xs, axis=axis, reverse=reverse)
@@ -136,7 +137,7 @@ def test_any_length_batch_axis_and_direction(kind, length, batch, axis, reverse,
 def test_the_loop_part_reads_the_current_values_of_parameters():
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    run_twice(model, h, xs)
+    run_until_traced(model, h, xs)
     with torch.no_grad():
         model.W.mul_(2.0)  # an optimizer's step
     close(torchscan.scan(model, h, xs), scan_loop(model, h, xs))
@@ -154,7 +155,7 @@ def test_a_signature_is_traced_once():
     assert _hoist.traces - before == 1
     torchscan.scan(model, h, torch.randn(2 * T, B, H))  # another length: the same signature
     assert _hoist.traces - before == 1
-    for _ in range(2):
+    for _ in range(3):
         torchscan.scan(model, torch.randn(B + 1, H), torch.randn(T, B + 1, H))  # other shapes
     assert _hoist.traces - before == 2
 
@@ -196,7 +197,7 @@ def test_python_values_a_step_reads_are_part_of_its_signature():
 
     model = Scaled()
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    run_twice(model, h, xs)
+    run_until_traced(model, h, xs)
     for scale in (2.0, -1.0):
         model.scale = scale
         for _ in range(2):
@@ -208,7 +209,7 @@ def test_python_values_a_step_reads_are_part_of_its_signature():
     def step(h, x, config=module):
         return h + x + config.SHIFT, h
 
-    run_twice(step, h, xs)
+    run_until_traced(step, h, xs)
     module.SHIFT = 3.0
     close(torchscan.scan(step, h, xs), scan_loop(step, h, xs))
 
@@ -223,7 +224,7 @@ def test_a_modules_training_flag_is_part_of_its_signature():
 
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     model.eval()
-    run_twice(step, h, xs)
+    run_until_traced(step, h, xs)
     model.train()
     torch.manual_seed(3)
     got = torchscan.scan(step, h, xs)
@@ -238,7 +239,7 @@ def test_a_modules_training_flag_is_part_of_its_signature():
 def test_the_input_projection_runs_once_over_the_sequence():
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    run_twice(model, h, xs)
+    run_until_traced(model, h, xs)
     hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
     assert hoisted.sequence_count == 1
     assert [op for op in hoisted.operations if "mm" in op] == ["mm.default"]  # h @ U only
@@ -256,7 +257,7 @@ def test_work_on_parameters_alone_runs_once():
         return h, h
 
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    (carry, ys), what, reason = run_twice(step, h, xs)
+    (carry, ys), what, reason = run_until_traced(step, h, xs)
     assert what == "hoisted", reason
     hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
     assert not [op for op in hoisted.operations if "exp" in op]
@@ -282,7 +283,7 @@ def test_a_short_scan_computes_the_sequence_part_in_the_loop():
     model = Elman(H)
     n = _hoist.BATCH_FROM - 1
     xs, h = torch.randn(n, B, H), torch.randn(B, H)
-    (got, what, reason) = run_twice(model, h, xs)
+    (got, what, reason) = run_until_traced(model, h, xs)
     assert what == "hoisted", reason
     close(got, scan_loop(model, h, xs))
     with CountProducts() as products:
@@ -308,7 +309,7 @@ def test_hoisting_that_would_take_too_much_memory_is_left_to_hoist_true(monkeypa
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     monkeypatch.setattr(_hoist, "AUTO_MEMORY_LIMIT", T * B * H * 4 - 1)
-    run_twice(model, h, xs)
+    run_until_traced(model, h, xs)
     with CountProducts() as products:
         got = torchscan.scan(model, h, xs)
     assert products.count == 2 * T  # both products at every step, as the Python loop
@@ -349,7 +350,7 @@ def test_random_operations_keep_the_loops_random_stream():
         return h, h
 
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    run_twice(step, h, xs)
+    run_until_traced(step, h, xs)
     assert _hoist.last.what == "hoisted"
     torch.manual_seed(5)
     got = torchscan.scan(step, h, xs)
@@ -455,7 +456,7 @@ def test_a_batch_norm_that_updates_its_statistics():
     not_hoisted(step, h, xs, r"writes in place")
     assert norm.num_batches_tracked.item() == T
     norm.eval()
-    (got, _), what, reason = run_twice(step, h, xs)
+    (got, _), what, reason = run_until_traced(step, h, xs)
     assert what == "hoisted", reason
     close(got, scan_loop(step, h, xs)[0])
 
@@ -469,7 +470,7 @@ def test_a_value_written_into_at_every_step_is_made_at_every_step():
         return torch.tanh(a), h
 
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    (got, ys), what, reason = run_twice(step, h, xs)
+    (got, ys), what, reason = run_until_traced(step, h, xs)
     assert what == "hoisted", reason
     hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
     assert "addmm.default" in hoisted.operations
@@ -487,7 +488,7 @@ def test_writes_into_values_made_at_every_step_are_hoisted():
         return a, a
 
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    (got, ys), what, reason = run_twice(step, h, xs)
+    (got, ys), what, reason = run_until_traced(step, h, xs)
     assert what == "hoisted", reason
     close((got, ys), scan_loop(step, h, xs))
 
@@ -514,7 +515,7 @@ def test_until_stops_the_hoisted_loop_where_the_python_loop_stops(reverse):
         return h, {"h": h, "none": None}, torchscan.until(h.sum() > 20)
 
     xs, h = torch.randn(T, B, H), torch.zeros(B, H)
-    (carry, ys), what, reason = run_twice(step, h, xs, reverse=reverse)
+    (carry, ys), what, reason = run_until_traced(step, h, xs, reverse=reverse)
     assert what == "hoisted", reason
     want = scan_loop(step, h, xs, reverse=reverse)
     assert 1 < ys["h"].shape[0] < T
@@ -525,7 +526,7 @@ def test_user_tensors_are_never_changed():
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     copies = [t.clone() for t in (xs, h, *model.parameters())]
-    run_twice(model, h, xs)
+    run_until_traced(model, h, xs)
     for t, copy in zip((xs, h, *model.parameters()), copies, strict=True):
         assert torch.equal(t, copy)
 
@@ -553,7 +554,7 @@ def test_a_python_profile_function_keeps_running_while_a_step_is_traced():
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     sys.setprofile(lambda frame, event, arg: events.append(event))
     try:
-        run_twice(model, h, xs)
+        run_until_traced(model, h, xs)
     finally:
         sys.setprofile(None)
     assert _hoist.last.what == "hoisted"
@@ -565,7 +566,7 @@ def test_lengths_are_hoisted_like_any_scan():
     xs = torch.randn(T, B, H)
     init = init_of(model, B)
     lengths = torch.tensor([T, 3, 0])
-    (got, what, reason) = run_twice(model, init, xs, lengths=lengths)
+    (got, what, reason) = run_until_traced(model, init, xs, lengths=lengths)
     assert what == "hoisted", reason
     want = torchscan.scan(model, init, xs, lengths=lengths, hoist=False)
     close(got, want)

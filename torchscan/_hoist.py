@@ -62,6 +62,10 @@ from torchscan._errors import HoistWarning
 from torchscan._plan import ScanPlan
 from torchscan._until import Until
 
+TRACE_AT_CALL = 3
+"""A signature's step is traced at its third call: tracing costs about as much as a few calls of
+a scan of a hundred steps, which a step called once or twice would not get back."""
+
 BATCH_FROM = 16
 """A scan of fewer steps computes the work that depends on ``x`` alone at every step, in the
 loop: batching it over the steps costs more than it saves there."""
@@ -428,7 +432,7 @@ _VALUE_READS = {
 _TENSOR_OPERANDS = {
     "__get__", "size", "dim", "numel", "__len__", "stride", "storage_offset", "is_contiguous",
     "_is_view", "element_size", "is_floating_point", "is_complex", "nelement", "ndimension",
-    "get_device", "add", "sub", "mul", "div", "true_divide",
+    "get_device", "untyped_storage", "add", "sub", "mul", "div", "true_divide",
     "floor_divide", "remainder", "fmod", "pow", "where", "eq", "ne", "lt", "le", "gt", "ge",
     "maximum", "minimum", "logical_and", "logical_or", "logical_xor", "bitwise_and",
     "bitwise_or", "bitwise_xor", "to", "type_as", "clone", "detach", "neg", "abs",
@@ -946,7 +950,8 @@ def signature(
 @dataclasses.dataclass
 class Outcome:
     """What the last scan that could be hoisted did: ``"hoisted"``, ``"first call"`` (a step
-    is traced on the second call of its signature, unless ``hoist=True``), or ``"loop"``, with
+    is traced at call :data:`TRACE_AT_CALL` of its signature, unless ``hoist=True``), or
+    ``"loop"``, with
     the reason."""
 
     what: str = ""
@@ -966,15 +971,16 @@ def lookup(
     *,
     now: bool,
 ) -> tuple[Hoisted, _Walk] | None:
-    """The hoisted step of this signature, traced on its second call (a step called once is not
-    worth a trace) or, with ``now``, on its first; ``None`` where it runs as the Python loop."""
+    """The hoisted step of this signature, traced at its call :data:`TRACE_AT_CALL` (a step
+    called once or twice is not worth a trace) or, with ``now``, at its first; ``None`` where it
+    runs as the Python loop."""
     global traces
     try:
         key, walk = signature(fn, carry_leaves, x_meta)
     except _NotHoistable as reason:
         _outcome("loop", str(reason))
         return None
-    entry = _cache.get(key, "new")
+    entry = _cache.get(key, 0)
     if isinstance(entry, Hoisted):
         _cache.move_to_end(key)
         _outcome("hoisted")
@@ -982,8 +988,8 @@ def lookup(
     if isinstance(entry, _Refused):
         _outcome("loop", entry.reason)
         return None
-    if entry == "new" and not now:
-        _remember(key, "seen")
+    if isinstance(entry, int) and entry < TRACE_AT_CALL - 1 and not now:
+        _remember(key, entry + 1)  # calls seen
         _outcome("first call")
         return None
     if sys.getprofile() is not None and not callable(sys.getprofile()):

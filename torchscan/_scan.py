@@ -127,7 +127,7 @@ def scan(
     dtype when ``n == 0`` (found by running ``fn`` on fake tensors, never on real data); and under
     ``torch.onnx.export`` it becomes one ONNX ``Scan`` node instead of an unrolled graph.
     Eagerly it runs on the device of its inputs, autograd flows through it to ``init``, ``xs``
-    and every tensor ``fn`` captures, and from the second call with the same signature it does
+    and every tensor ``fn`` captures, and from the third call with the same signature it does
     the work of ``fn`` that does not depend on the carry once for the whole sequence (an input
     projection ``x @ W`` becomes one product), which may round differently from one product per
     step (see ``hoist``).
@@ -166,7 +166,7 @@ def scan(
         batch_axis: with ``lengths``, the batch axis of every carry leaf and of every leaf of
             ``y`` (as ``fn`` sees and returns them).
         hoist: whether the work of ``fn`` that does not depend on the carry is done once, over
-            every step: ``None`` (the default) from the second call of a signature (``fn``'s
+            every step: ``None`` (the default) from the third call of a signature (``fn``'s
             code and what it captures, the structures, shapes, dtypes and devices of ``init``
             and ``x``), where ``fn`` allows it (no Python control flow on tensor values, no
             state changed, no write into an argument or a captured tensor; random operations

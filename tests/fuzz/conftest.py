@@ -13,13 +13,13 @@ from ._check import REFUSALS, RUNS, SKIPS
 
 DEFAULT_EXAMPLES = {
     "eager": 150,
-    "hoisted": 50,
-    "export": 70,
+    "hoisted": 40,
+    "export": 60,
     "vmap": 60,
-    "padded": 30,
+    "padded": 24,
     "theano": 8,
 }
-"""Programs per test in the default slice: every one run eagerly against the oracle, 70 of
+"""Programs per test in the default slice: every one run eagerly against the oracle, 60 of
 them also exported and run in onnxruntime; about four minutes on one core, export dominating."""
 
 
