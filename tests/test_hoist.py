@@ -633,3 +633,24 @@ def test_steps_of_programs_made_and_dropped_never_share_a_signature():
             close(torchscan.scan(step, h, xs), scan_loop(step, h, xs))
         del namespace, step
         gc.collect()
+
+
+def test_gradcheck_and_gradgradcheck_through_the_hoisted_loop():
+    torch.manual_seed(0)
+    cell = torch.nn.GRUCell(3, 2).double()
+
+    def step(h, x):
+        h = cell(x, h)
+        return h, h
+
+    xs = torch.randn(_hoist.BATCH_FROM, 2, 3, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
+    run_until_traced(step, h0, xs)
+    assert _hoist.last.what == "hoisted"
+
+    def loss(xs, h0):
+        return torchscan.scan(step, h0, xs)[1].pow(2).sum()
+
+    assert torch.autograd.gradcheck(loss, (xs, h0))
+    assert torch.autograd.gradgradcheck(loss, (xs, h0))
+    assert _hoist.last.what == "hoisted"
