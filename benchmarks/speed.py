@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,26 +107,6 @@ def models(rec: suite.Recurrence, compiled: bool) -> dict[str, torch.nn.Module]:
     return found
 
 
-def runs(found: dict[str, torch.nn.Module], xs: torch.Tensor, carry: Any, mode: str) -> dict:
-    def forward(model: torch.nn.Module) -> Callable[[], object]:
-        def run() -> object:
-            with torch.no_grad():
-                return model(xs, carry)
-
-        return run
-
-    def forward_backward(model: torch.nn.Module) -> Callable[[], object]:
-        def run() -> object:
-            outputs = model(xs, carry)
-            sum(t.sum() for t in suite.flat(outputs)).backward()
-            return outputs
-
-        return run
-
-    make = forward if mode == "forward" else forward_backward
-    return {name: make(model) for name, model in found.items()}
-
-
 def check(found: dict[str, torch.nn.Module], xs: torch.Tensor, carry: Any) -> None:
     with torch.no_grad():
         want = suite.flat(found[LOOP](xs, carry))
@@ -183,7 +162,7 @@ def main() -> None:
                     xs, carry = rec.inputs(length, batch, grad=True)
                     check(found, xs, carry)
                     for mode in suite.MODES:
-                        timed = runs(found, xs, carry, mode)
+                        timed = suite.runs_of(found, xs, carry, mode)
                         repeats = suite.warm_up(timed, settings)
                         medians = suite.interleaved_medians(timed, repeats)
                         record: dict[str, Any] = {

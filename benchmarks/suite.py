@@ -299,7 +299,12 @@ EAGER_IMPLEMENTATIONS = (LOOP, NATIVE, SCAN, HOP)
 MODES = ("forward", "forward + backward")
 
 
-def eager_runs(rec: Recurrence, xs: torch.Tensor, carry: Carry, mode: str) -> dict[str, Callable]:
+def runs_of(
+    models: dict[str, torch.nn.Module], xs: torch.Tensor, carry: Carry, mode: str
+) -> dict[str, Callable[[], object]]:
+    """One run of every model on ``(xs, carry)``: forward under ``no_grad``, or forward and
+    backward of the sum of the outputs."""
+
     def forward(model: torch.nn.Module) -> Callable[[], object]:
         def run() -> object:
             with torch.no_grad():
@@ -316,7 +321,11 @@ def eager_runs(rec: Recurrence, xs: torch.Tensor, carry: Carry, mode: str) -> di
         return run
 
     make = forward if mode == "forward" else forward_backward
-    return {name: make(rec.models[name]) for name in EAGER_IMPLEMENTATIONS}
+    return {name: make(model) for name, model in models.items()}
+
+
+def eager_runs(rec: Recurrence, xs: torch.Tensor, carry: Carry, mode: str) -> dict[str, Callable]:
+    return runs_of({name: rec.models[name] for name in EAGER_IMPLEMENTATIONS}, xs, carry, mode)
 
 
 def check_eager(rec: Recurrence, xs: torch.Tensor, carry: Carry) -> None:
