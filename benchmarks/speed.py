@@ -17,8 +17,12 @@ are reported as ratios to the Python loop:
 * with ``--compiled``, ``torchscan.scan`` under ``torch.compile`` with default options and
   with Inductor's C++ wrapper (``options={"cpp_wrapper": True}``), compiled before timing.
 
-``--memory`` adds the peak of the bytes allocated on the CPU during one forward (``no_grad``)
-and one forward + backward of each implementation, from the profiler's allocation events.
+``--memory`` adds the peak of the bytes allocated during one forward (``no_grad``) and one
+forward + backward of each implementation: on the CPU from the profiler's allocation events, on
+a GPU from its caching allocator's peak statistics.
+
+``--device cuda`` runs everything on the GPU (each run ends by waiting for the device; cuDNN's
+TF32 is turned off, so that every implementation computes in float32 alike).
 
 Every implementation is checked against the Python loop before it is timed.
 ``python benchmarks/speed.py`` prints a markdown table (and ``--json FILE`` writes the raw
@@ -107,6 +111,30 @@ def models(rec: suite.Recurrence, compiled: bool) -> dict[str, torch.nn.Module]:
     return found
 
 
+def synchronized(run: Any, device: str) -> Any:
+    """``run``, then wait for the device: a GPU's work is timed to its end, not its launch."""
+    if device == "cpu":
+        return run
+
+    def run_and_wait() -> object:
+        out = run()
+        torch.cuda.synchronize()
+        return out
+
+    return run_and_wait
+
+
+def peak_bytes(run: Any, device: str) -> int:
+    """The peak of the bytes allocated while ``run`` runs, above the level it started from."""
+    if device == "cpu":
+        return suite.peak_allocated_bytes(run)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    run()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def check(found: dict[str, torch.nn.Module], xs: torch.Tensor, carry: Any) -> None:
     with torch.no_grad():
         want = suite.flat(found[LOOP](xs, carry))
@@ -128,6 +156,7 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="add the peak bytes allocated")
     parser.add_argument("--no-hop", action="store_true", help="leave out torch's scan operator")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, once each")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--json", type=Path, help="write the raw medians here")
     args = parser.parse_args()
     if args.quick:
@@ -144,12 +173,17 @@ def main() -> None:
         export_hidden=0,
     )
     torch.set_num_threads(1)
+    device = args.device
+    where = "1 thread"
+    if device != "cpu":
+        torch.backends.cudnn.allow_tf32 = False
+        where = f"{torch.cuda.get_device_name(device)}, cuDNN TF32 off"
     records = []
-    print(f"torch {torch.__version__}, 1 thread, ratios of medians to the Python loop\n")
+    print(f"torch {torch.__version__}, {where}, ratios of medians to the Python loop\n")
     for kind in args.cells:
         for hidden in args.hidden:
             rec = suite.Recurrence.make(kind, hidden)
-            found = models(rec, args.compiled)
+            found = {name: model.to(device) for name, model in models(rec, args.compiled).items()}
             if args.no_hop:
                 del found[HOP]
             names = list(found)
@@ -159,10 +193,13 @@ def main() -> None:
             print("| ---: | ---: | --- | " + " | ".join("---:" for _ in names) + " |")
             for batch in args.batch:
                 for length in args.lengths:
-                    xs, carry = rec.inputs(length, batch, grad=True)
+                    xs, carry = rec.inputs(length, batch, grad=True, device=device)
                     check(found, xs, carry)
                     for mode in suite.MODES:
-                        timed = suite.runs_of(found, xs, carry, mode)
+                        timed = {
+                            name: synchronized(run, device)
+                            for name, run in suite.runs_of(found, xs, carry, mode).items()
+                        }
                         repeats = suite.warm_up(timed, settings)
                         medians = suite.interleaved_medians(timed, repeats)
                         record: dict[str, Any] = {
@@ -171,7 +208,7 @@ def main() -> None:
                         }  # fmt: skip
                         cells = [f"{medians[n] / medians[LOOP]:.2f}" for n in names]
                         if args.memory:
-                            peaks = {n: suite.peak_allocated_bytes(run) for n, run in timed.items()}
+                            peaks = {n: peak_bytes(run, device) for n, run in timed.items()}
                             record["peak_bytes"] = peaks
                             memory.append(
                                 f"| {batch} | {length} | {mode} | "
@@ -188,7 +225,7 @@ def main() -> None:
                         )
             print()
             if memory:
-                print(f"Peak KiB allocated on the CPU, {kind}, H={hidden}:\n")
+                print(f"Peak KiB allocated ({device}), {kind}, H={hidden}:\n")
                 print("| B | T | mode | " + " | ".join(names) + " |")
                 print("| ---: | ---: | --- | " + " | ".join("---:" for _ in names) + " |")
                 print("\n".join(memory) + "\n")

@@ -266,11 +266,16 @@ class Recurrence:
         }
         return cls(kind, hidden, models)
 
-    def inputs(self, length: int, batch: int, grad: bool = False) -> tuple[torch.Tensor, Carry]:
+    def inputs(
+        self, length: int, batch: int, grad: bool = False, device: str = "cpu"
+    ) -> tuple[torch.Tensor, Carry]:
         generator = torch.Generator().manual_seed(length)
-        xs = torch.randn(length, batch, self.hidden, generator=generator, requires_grad=grad)
+        xs = torch.randn(length, batch, self.hidden, generator=generator).to(device)
+        xs.requires_grad_(grad)
         leaves = [
-            (0.5 * torch.randn(batch, self.hidden, generator=generator)).requires_grad_(grad)
+            (0.5 * torch.randn(batch, self.hidden, generator=generator))
+            .to(device)
+            .requires_grad_(grad)
             for _ in range(2 if self.kind == "LSTM" else 1)
         ]
         return xs, tuple(leaves) if self.kind == "LSTM" else leaves[0]
@@ -286,8 +291,13 @@ def flat(outputs: Any) -> list[torch.Tensor]:
 
 def check_close(name: str, got: Iterable[Any], want: Iterable[torch.Tensor]) -> None:
     for index, (g, w) in enumerate(zip(got, want, strict=True)):
+        g = g.detach().cpu() if isinstance(g, torch.Tensor) else g
         np.testing.assert_allclose(
-            np.asarray(g), w.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=f"{name}, #{index}"
+            np.asarray(g),
+            w.detach().cpu().numpy(),
+            rtol=RTOL,
+            atol=ATOL,
+            err_msg=f"{name}, #{index}",
         )
 
 

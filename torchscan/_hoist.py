@@ -525,6 +525,8 @@ def trace(
     previous = sys.getprofile()
     watch = _Watch(walk.containers, previous, flat.__code__)
     rng = torch.random.get_rng_state()
+    gpus = {t.device for t in inputs if t.device.type == "cuda"}
+    gpu_rngs = {device: torch.cuda.get_rng_state(device) for device in gpus}
     sys.setprofile(watch)
     try:
         with warnings.catch_warnings(), _NoWritesIntoRealTensors():
@@ -538,6 +540,9 @@ def trace(
         sys.setprofile(previous)
         if not torch.equal(torch.random.get_rng_state(), rng):  # fake tensors draw nothing
             torch.random.set_rng_state(rng)
+        for device, state in gpu_rngs.items():
+            if not torch.equal(torch.cuda.get_rng_state(device), state):
+                torch.cuda.set_rng_state(state, device)
     if watch.reason is not None:
         raise _NotHoistable(watch.reason)
     try:

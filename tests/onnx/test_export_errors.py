@@ -661,6 +661,55 @@ def test_operators_without_translation_name_the_step(model, called: str, message
     )
 
 
+def lstm_step(carry, x):  # a step whose LSTM cell torch runs as a GPU's own kernel there
+    return carry, x
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_an_operator_of_one_device_names_the_export_on_the_cpu(device: str) -> None:
+    """On a GPU, ``torch.nn.LSTMCell`` is ``aten._thnn_fused_lstm_cell``, which torch.onnx does
+    not translate; exported on the CPU, the cell is ordinary operators. The refusal says so
+    (fake tensors stand for the GPU's, so that this runs on any machine)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchscan._source import StepSource
+    from torchscan._traced._step_errors import STEP_KEY, untranslatable
+
+    graph = torch.fx.Graph()
+    with FakeTensorMode():
+        values = [torch.empty(2, 12, device=device) for _ in range(2)]
+        values.append(torch.empty(2, 3, device=device))
+    inputs = []
+    for name, value in zip(("input_gates", "hidden_gates", "cx"), values, strict=True):
+        node = graph.placeholder(name)
+        node.meta["val"] = value
+        inputs.append(node)
+    cell = graph.call_function(torch.ops.aten._thnn_fused_lstm_cell.default, tuple(inputs))
+    graph.output(cell)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm.meta[STEP_KEY] = StepSource.of(lstm_step, "torchscan.scan", "fn")
+    error = untranslatable(cell)
+    assert isinstance(error, torchscan.ExportError)
+    remedy = (
+        "with operators that torch.onnx translates, or give torch.onnx.export a translation: "
+        "custom_translation_table={torch.ops.aten._thnn_fused_lstm_cell.default: <an ONNX "
+        "Script function>}."
+    )
+    refusal = (
+        "torchscan.scan: fn (lstm_step) calls aten._thnn_fused_lstm_cell.default, which "
+        "torch.onnx cannot translate to ONNX."
+    )
+    if device == "cuda":
+        assert str(error) == (
+            f"{refusal} It is a kernel of the cuda device, which torch chose because the "
+            "model's tensors are on it: export a copy of the model on the CPU "
+            "(copy.deepcopy(model).cpu() and CPU inputs), whose ONNX graph runs anywhere, or "
+            f"compute it {remedy}"
+        )
+    else:
+        assert str(error) == f"{refusal} Compute it {remedy}"
+
+
 def test_the_operator_the_refusal_names_is_the_one_to_translate() -> None:
     """A translation of the operator called keeps torch from decomposing it."""
     table = {torch.ops.aten.digamma.default: stand_in}

@@ -260,12 +260,32 @@ def untranslatable(node: torch.fx.Node) -> ExportError | None:
             "them: (a + ib)(c + id) = (ac - bd) + i(ad + bc), "
             "exp(a + ib) = exp(a)(cos b + i sin b)."
         )
+    device = _device_kernel(node)
+    on_device = (
+        f" It is a kernel of the {device} device, which torch chose because the model's tensors "
+        f"are on it: export a copy of the model on the CPU (copy.deepcopy(model).cpu() and CPU "
+        "inputs), whose ONNX graph runs anywhere, or"
+        if device
+        else ""
+    )
+    remedy = " compute it" if device else " Compute it"
     return ExportError(
         f"{step.who} calls {called}{where}, which torch.onnx cannot translate to ONNX"
-        f"{decomposed}. Compute it with operators that torch.onnx translates, or give "
+        f"{decomposed}.{on_device}{remedy} with operators that torch.onnx translates, or give "
         f"torch.onnx.export a translation: custom_translation_table={{torch.ops.{called}: <an "
         "ONNX Script function>}."
     )
+
+
+def _device_kernel(node: torch.fx.Node) -> str | None:
+    """The device of a node whose operator torch has only for the device its inputs are on
+    (``_thnn_fused_lstm_cell``, ``_cudnn_rnn``: what ``torch.nn.LSTMCell`` becomes on a GPU),
+    or None for an operator of every device."""
+    if not str(node.target).startswith(("aten._thnn_", "aten._cudnn_", "aten._fused_")):
+        return None
+    values = [arg.meta.get("val") for arg in node.all_input_nodes]
+    devices = {v.device.type for v in values if isinstance(v, torch.Tensor)}
+    return next(iter(devices - {"cpu", "meta"}), None)
 
 
 def _is_complex(arg: Any) -> bool:
