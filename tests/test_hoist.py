@@ -214,6 +214,85 @@ def test_python_values_a_step_reads_are_part_of_its_signature():
     close(torchscan.scan(step, h, xs), scan_loop(step, h, xs))
 
 
+SHIFT = 0.0  # a global the step of the test below reads
+
+
+class _Stateful(torch.nn.Module):
+    """A step that reads state of every kind a step can read: its parameters, a submodule with
+    hooks, a Python attribute, a captured list and dict, a closure's variable, a default
+    argument and a global."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(H, H)
+        self.scale = 1.0
+        self.extra = [torch.zeros(H)]
+        self.table = {"bias": torch.zeros(H)}
+        offset = torch.zeros(H)
+
+        def shifted(h, offset_scale=1.0):
+            return h + offset * offset_scale + SHIFT
+
+        self.shifted = shifted
+        self.set_offset = lambda value: shifted.__closure__[0].__setattr__("cell_contents", value)
+
+    def forward(self, h, x):
+        h = torch.tanh(self.lin(x) * self.scale + h + self.extra[0] + self.table["bias"])
+        return self.shifted(h), h
+
+
+def _replace_weight(model):
+    model.lin.weight = torch.nn.Parameter(torch.randn(H, H))
+
+
+def _add_hook(model):
+    model.lin.register_forward_hook(lambda module, args, out: out * 2)
+
+
+def _set_global(model):
+    global SHIFT
+    SHIFT = 0.5
+
+
+def _other_submodule(model):
+    model.lin = torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Tanh())
+
+
+CHANGES = {
+    "a parameter replaced": _replace_weight,
+    "a parameter's values changed in place": lambda m: m.lin.bias.data.add_(1.0),
+    "gradients turned off on a parameter": lambda m: m.lin.weight.requires_grad_(False),
+    "a forward hook added": _add_hook,
+    "a Python attribute set": lambda m: setattr(m, "scale", -2.0),
+    "a list item replaced": lambda m: m.extra.__setitem__(0, torch.ones(H)),
+    "a dict value replaced": lambda m: m.table.__setitem__("bias", torch.ones(1)),
+    "a closure's variable set": lambda m: m.set_offset(torch.ones(H)),
+    "a default argument replaced": lambda m: setattr(m.shifted, "__defaults__", (3.0,)),
+    "a global set": _set_global,
+    "a submodule replaced": _other_submodule,
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_every_change_of_what_a_step_reads_is_seen_at_the_next_call(change, monkeypatch):
+    """The signature of a step object is read again only where something it read changed:
+    any change between two calls is seen at the next one."""
+    monkeypatch.setattr(sys.modules[__name__], "SHIFT", 0.0)
+    model = _Stateful()
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    (got, what, reason) = run_until_traced(model, h, xs)
+    assert what == "hoisted", reason
+    close(got, scan_loop(model, h, xs))
+    _, walk = _hoist.signature(model, [], [])
+    assert _hoist.signature(model, [], [])[1] is walk  # read once while nothing changes
+    CHANGES[change](model)
+    # values are read at every call, never part of a signature
+    read_again = change != "a parameter's values changed in place"
+    assert (_hoist.signature(model, [], [])[1] is not walk) == read_again
+    for _ in range(_hoist.TRACE_AT_CALL):
+        close(torchscan.scan(model, h, xs), scan_loop(model, h, xs))
+
+
 def test_a_modules_training_flag_is_part_of_its_signature():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Dropout(0.5))

@@ -51,6 +51,7 @@ import sys
 import sysconfig
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -129,6 +130,25 @@ class _Walk:
         self.containers: set[int] = set()
         self.seen: dict[int, int] = {}
         self.count = 0
+        self.reads: list[tuple[Any, ...]] = []
+        """What the key was read from, to tell cheaply whether it is still the same
+        (:func:`_unchanged`): every mutable object the walk read, with the identities of what
+        it held, and every tensor with its metadata."""
+
+        self.empty: list[Any] = []
+        """The empty containers the walk read (a module's hooks, mostly): one read of them all."""
+
+    def _read_dict(self, d: dict[Any, Any]) -> None:
+        if d:
+            self.reads.append((_DICT, d, tuple(d), tuple(d.values())))
+        else:
+            self.empty.append(d)
+
+    def finish(self) -> None:
+        """Add the read of the empty containers to :attr:`reads`."""
+        if self.empty:
+            self.reads.append((_EMPTY, tuple(self.empty)))
+            self.empty = []
 
     def key(self, obj: Any, depth: int = 0) -> Any:
         kind = type(obj)
@@ -156,17 +176,23 @@ class _Walk:
         if kind is types.FunctionType:
             return self._function(obj, depth)
         if kind in (tuple, list) or isinstance(obj, tuple):
+            if kind is list and not obj:
+                self.empty.append(obj)
+            elif kind is not tuple:
+                self.reads.append((_ITEMS, obj, kind, tuple(obj)))
             if kind is list:
                 self.containers.add(id(obj))
             return (kind, tuple(self.key(item, depth + 1) for item in obj))
         if isinstance(obj, dict):
             self.containers.add(id(obj))
+            self._read_dict(obj)
             return (
                 kind,
                 tuple((self.key(k, depth + 1), self.key(v, depth + 1)) for k, v in obj.items()),
             )
         if isinstance(obj, (set, frozenset)):
             self.containers.add(id(obj))
+            self.reads.append((_ITEMS, obj, kind, tuple(obj)))
             return (kind, frozenset(self.key(item, depth + 1) for item in obj))
         if isinstance(obj, torch.nn.Module):
             return self._module(obj, depth)
@@ -175,6 +201,7 @@ class _Walk:
         if isinstance(obj, types.MethodType):
             return ("method", self.key(obj.__func__, depth + 1), self.key(obj.__self__, depth + 1))
         if isinstance(obj, functools.partial):
+            self.reads.append((_ATTRIBUTES, obj, ("func", "args", "keywords"), _PARTIAL(obj)))
             return (
                 "partial",
                 self.key(obj.func, depth + 1),
@@ -182,6 +209,7 @@ class _Walk:
                 self.key(obj.keywords, depth + 1),
             )
         if isinstance(obj, types.CellType):
+            self._read_cell(obj)
             try:
                 return ("cell", self.key(obj.cell_contents, depth + 1))
             except ValueError:  # an empty cell
@@ -189,6 +217,8 @@ class _Walk:
         state = getattr(obj, "__dict__", None)
         if isinstance(state, dict) and not hasattr(type(obj), "__slots__"):
             self.containers.add(id(state))
+            self.reads.append((_TYPE, obj, kind))
+            self._read_dict(state)
             return (
                 "object",
                 _Identity(kind),
@@ -202,12 +232,18 @@ class _Walk:
         ``state_dict`` and ``load_state_dict``."""
         _MODULE_TYPES.add(type(module))
         self.containers.add(id(module.__dict__))
+        self.reads.append((_TYPE, module, type(module)))
+        self._read_dict(module.__dict__)
         items = []
         for name, value in module.__dict__.items():
-            if name in _MODULE_UNREAD or (name in _MODULE_HOOKS and not value):
+            if name in _MODULE_UNREAD:
+                continue
+            if name in _MODULE_HOOKS and not value:
+                self.empty.append(value)  # until a hook is added
                 continue
             if name in ("_parameters", "_buffers", "_modules"):
                 self.containers.add(id(value))
+                self._read_dict(value)
                 items.append((name, tuple((k, self.key(v, depth + 1)) for k, v in value.items())))
             else:
                 items.append((name, self.key(value, depth + 1)))
@@ -221,12 +257,18 @@ class _Walk:
             return ("ref", known)
         self.seen[id(t)] = len(self.seen)
         self.tensors.append(t)
-        return ("tensor", len(self.tensors) - 1, *_meta(t))
+        meta = _meta(t)
+        self.reads.append((_TENSOR, t, meta))
+        return ("tensor", len(self.tensors) - 1, *meta)
 
     def _function(self, fn: types.FunctionType, depth: int) -> Any:
         code = fn.__code__
         names = _global_names(code)
         space = fn.__globals__
+        self.reads.append((_ATTRIBUTES, fn, _FUNCTION_STATE, _FUNCTION(fn)))
+        self.reads.append((_NAMES, space, names, tuple(space.get(n, _MISSING) for n in names)))
+        for cell in fn.__closure__ or ():
+            self._read_cell(cell)
         global_keys = tuple(
             (name, self._global(space[name], names, depth)) for name in names if name in space
         )
@@ -255,6 +297,7 @@ class _Walk:
         if not isinstance(value, types.ModuleType):
             return self.key(value, depth + 1)
         space = vars(value)
+        self.reads.append((_NAMES, space, names, tuple(space.get(n, _MISSING) for n in names)))
         return (
             "module",
             value.__name__,
@@ -263,6 +306,87 @@ class _Walk:
                 for name in names
                 if name in space and isinstance(space[name], (*_SCALARS, torch.Tensor))
             ),
+        )
+
+    def _read_cell(self, cell: types.CellType) -> None:
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            contents = _MISSING
+        self.reads.append((_CELL, cell, contents))
+
+
+_DICT, _ITEMS, _TYPE, _ATTRIBUTES, _NAMES, _CELL, _TENSOR, _EMPTY = range(8)
+_MISSING = object()
+_FUNCTION_STATE = ("__code__", "__defaults__", "__kwdefaults__", "__globals__", "__closure__")
+_FUNCTION = operator.attrgetter(*_FUNCTION_STATE)
+_PARTIAL = operator.attrgetter("func", "args", "keywords")
+
+
+def _unchanged(reads: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether everything a walk read (:attr:`_Walk.reads`) holds the same objects as then, and
+    every tensor has the same metadata: the walk would then give the same key. Identities, not
+    values, are compared (an ``int`` set again to an equal value fails, and the step's signature
+    is then read again, as it would be anyway)."""
+    is_ = operator.is_
+    for read in reads:
+        kind = read[0]
+        if kind == _DICT:
+            _, d, keys, values = read
+            if (
+                len(d) != len(keys)
+                or not all(map(is_, d.values(), values))
+                or not all(map(is_, d, keys))
+            ):
+                return False
+        elif kind == _TENSOR:
+            if _meta(read[1]) != read[2]:
+                return False
+        elif kind == _EMPTY:
+            if any(read[1]):
+                return False
+        elif kind == _ITEMS:
+            _, obj, kind_then, items = read
+            if type(obj) is not kind_then or len(obj) != len(items):
+                return False
+            if not all(map(is_, obj, items)):
+                return False
+        elif kind == _TYPE:
+            if type(read[1]) is not read[2]:
+                return False
+        elif kind == _ATTRIBUTES:
+            _, obj, _names, values = read
+            now = _FUNCTION(obj) if _names is _FUNCTION_STATE else _PARTIAL(obj)
+            if not all(map(is_, now, values)):
+                return False
+        elif kind == _NAMES:
+            _, space, names, values = read
+            if not all(map(is_, (space.get(n, _MISSING) for n in names), values)):
+                return False
+        else:  # _CELL
+            try:
+                contents = read[1].cell_contents
+            except ValueError:
+                contents = _MISSING
+            if contents is not read[2]:
+                return False
+    return True
+
+
+class _Key:
+    """A signature's key with its hash computed once: a step's key is looked up at every call."""
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value, self.hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, _Key) and self.hash == other.hash and self.value == other.value
         )
 
 
@@ -935,6 +1059,20 @@ def _generate_loop(
 _cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 traces = 0
 """How many steps were traced (for tests: a signature is traced once)."""
+_walks: dict[int, tuple[weakref.ref[Any], _Walk, _Key]] = {}
+"""The last walk of each living step object, reused while what it read is unchanged
+(:func:`_unchanged`); an entry goes with its object."""
+
+
+def _remember_walk(fn: Any, walk: _Walk, key: _Key) -> None:
+    if len(_walks) >= _CACHE_SIZE:
+        _walks.pop(next(iter(_walks)))
+    step_id = id(fn)
+    try:
+        ref = weakref.ref(fn, lambda _, walks=_walks: walks.pop(step_id, None))
+    except TypeError:  # an object without weak references: walked at every call
+        return
+    _walks[step_id] = (ref, walk, key)
 
 
 def signature(
@@ -942,8 +1080,14 @@ def signature(
 ) -> tuple[Any, _Walk]:
     """The key of a step's signature (what it captures, and its arguments' structures, shapes,
     dtypes, devices and gradients, and the grad mode), and the walk that read it."""
-    walk = _Walk()
-    key = walk.key(fn)
+    known = _walks.get(id(fn))
+    if known is not None and known[0]() is fn and _unchanged(known[1].reads):
+        key, walk = known[2], known[1]
+    else:
+        walk = _Walk()
+        key = _Key(walk.key(fn))
+        walk.finish()
+        _remember_walk(fn, walk, key)
     return (
         key,
         tuple(None if t is None else _meta(t) for t in carry_leaves),
@@ -1043,6 +1187,7 @@ def _remember(key: Any, value: Any) -> None:
 def clear() -> None:
     """Forget every traced step."""
     _cache.clear()
+    _walks.clear()
     _outcome("")
 
 
