@@ -1,6 +1,7 @@
 """Where the time of a loop operator compiled by Inductor on the CPU goes, and the fastest setting.
 
-An Elman RNN step ``h = tanh(x @ W + h @ U)`` (forward, under ``no_grad``) runs as the eager
+An Elman RNN step ``h = tanh(x @ W + h @ U)`` (forward under ``no_grad``, or with
+``--backward`` forward and backward) runs as the eager
 Python loop, the eager ``torchscan.scan``, and ``torchscan.scan`` and torch's own ``scan``
 operator compiled by ``torch.compile`` with Inductor's default settings, without its size
 assertions (``options={"size_asserts": False}``) and with its C++ wrapper
@@ -48,7 +49,8 @@ def implementations(step: Callable) -> dict[str, Callable]:
 
     def hop_step(h, x):
         h, y = step(h, x)
-        return h, y.clone()  # torch's scan refuses an output that aliases the carry
+        # torch's scan refuses outputs that alias each other or, with gradients, an input
+        return h.clone(), y.clone()
 
     def scan(h, xs):
         return torchscan.scan(step, h, xs)
@@ -75,38 +77,52 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--calls", type=int, default=5, help="calls per timed repetition")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument(
+        "--backward", action="store_true", help="forward and backward, gradients to W, U and xs"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     warnings.filterwarnings("ignore", module="torch")
 
-    W = torch.randn(args.H, args.H) / args.H**0.5
-    U = torch.randn(args.H, args.H) / args.H**0.5
-    xs = torch.randn(args.T, args.B, args.H)
+    grad = args.backward
+    W = (torch.randn(args.H, args.H) / args.H**0.5).requires_grad_(grad)
+    U = (torch.randn(args.H, args.H) / args.H**0.5).requires_grad_(grad)
+    xs = torch.randn(args.T, args.B, args.H, requires_grad=grad)
     h0 = torch.zeros(args.B, args.H)
 
     def step(h, x):
         h = torch.tanh(x @ W + h @ U)
         return h, h
 
+    def run(impl: Callable) -> list[torch.Tensor]:
+        h, ys = impl(h0, xs)
+        if not grad:
+            return [h, ys]
+        return [h, ys, *torch.autograd.grad(h.sum() + ys.sum(), [W, U, xs])]
+
     impls = implementations(step)
     names = list(impls)
     samples: dict[str, list[float]] = {name: [] for name in names}
-    with torch.no_grad():
-        expected = impls["eager python loop"](h0, xs)
+    with torch.set_grad_enabled(grad):
+        expected = run(impls["eager python loop"])
         for name in names:  # compiles on the first call
-            torch.testing.assert_close(impls[name](h0, xs), expected, msg=name)
+            for g, e in zip(run(impls[name]), expected, strict=True):
+                # sums over every step and example: to float32's rounding of the largest
+                scale = float(e.abs().max())
+                torch.testing.assert_close(g, e, msg=name, rtol=1e-4, atol=1e-5 * scale)
         for repeat in range(args.repeats):
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
             for name in order:
                 start = time.perf_counter()
                 for _ in range(args.calls):
-                    impls[name](h0, xs)
+                    run(impls[name])
                 samples[name].append((time.perf_counter() - start) / args.calls)
     medians = {name: statistics.median(values) for name, values in samples.items()}
 
+    mode = "forward + backward" if grad else "forward (no_grad)"
     print(
-        f"Elman RNN forward (no_grad), T={args.T}, B={args.B}, H={args.H}, "
+        f"Elman RNN {mode}, T={args.T}, B={args.B}, H={args.H}, "
         f"{args.threads} thread(s), median of {args.repeats}, torch {torch.__version__}\n"
     )
     print("| implementation | median (ms) | ratio to eager python loop |")

@@ -187,6 +187,33 @@ def train_loops_correctly_in_this_compile() -> bool:
     return set_for_this_compile(functorch_config, "donated_buffer", False)
 
 
+def inductor_graph_passes() -> tuple[Any, Any, Any]:
+    """Inductor's interface of custom graph passes: ``CustomGraphPass``, ``get_hash_for_files``
+    (a pass's identity for Inductor's cache) and ``get_custom_graph_passes`` (the passes a
+    setting holds)."""
+    from torch._inductor.custom_graph_pass import (
+        CustomGraphPass,
+        get_custom_graph_passes,
+        get_hash_for_files,
+    )
+
+    return CustomGraphPass, get_hash_for_files, get_custom_graph_passes
+
+
+def run_pre_grad_pass_in_this_compile(graph_pass: Any) -> bool:
+    """Have the Inductor compilation under way run ``graph_pass`` on the graph TorchDynamo
+    captured, before it is differentiated (``pre_grad_custom_pass``), ahead of the user's own
+    passes; whether it will. Called while TorchDynamo traces a scan that becomes a loop
+    operator."""
+    from torch._inductor import config as inductor_config
+
+    current = inductor_graph_passes()[2](inductor_config.pre_grad_custom_pass)
+    if graph_pass in current:
+        return True
+    value = [graph_pass, *current] if current else graph_pass
+    return set_for_this_compile(inductor_config, "pre_grad_custom_pass", value)
+
+
 def run_loops_without_size_asserts_in_this_compile() -> bool:
     """Have Inductor's code of this compilation leave out its size assertions.
 
@@ -504,6 +531,28 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "CompilationCallbackHandler",
         "whether that callback is registered (torch._dynamo.reset() clears them)",
         fields=("end_callbacks",),
+    ),
+    PrivateSymbol(
+        "torch._inductor.config",
+        "pre_grad_custom_pass",
+        "the pass that hoists the work of compiled scans out of their loop operators",
+    ),
+    PrivateSymbol(
+        "torch._inductor.custom_graph_pass",
+        "CustomGraphPass",
+        "that pass, with the identity Inductor's cache of compiled graphs reads",
+    ),
+    PrivateSymbol(
+        "torch._inductor.custom_graph_pass",
+        "get_hash_for_files",
+        "the identity of that pass: the hash of its source file",
+        ("paths",),
+    ),
+    PrivateSymbol(
+        "torch._inductor.custom_graph_pass",
+        "get_custom_graph_passes",
+        "run the user's own pre-grad passes after it",
+        ("custom_pass",),
     ),
     # hoisting
     PrivateSymbol(

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _compat, _eager, _pytree
+from torchscan import _compat, _compiled_hoist, _eager, _pytree
 from torchscan._eager import device_of
 from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._steps import Protocol
@@ -87,6 +87,7 @@ def scan(plan: ScanPlan) -> tuple[Any, Any]:
         reverse=reverse,
         realign=realign,
         axis=axis,
+        hoist=plan.hoist,
     )
 
 
@@ -164,6 +165,7 @@ _train_loops_correctly = _compat.run_untraced_by_dynamo(
 _leave_out_size_asserts = _compat.run_untraced_by_dynamo(
     _compat.run_loops_without_size_asserts_in_this_compile
 )
+_hoist_in_this_compile = _compat.run_untraced_by_dynamo(_compiled_hoist.install_for_this_compile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,12 +255,15 @@ def run_scan(
     reverse: bool,
     realign: bool,
     axis: int,
+    hoist: bool | None = None,
 ) -> tuple[Any, Any]:
     """Every step of a scan without ``until`` as torch's ``scan`` operator.
 
     ``xs`` are the leaves of the sequences with the scanned axis moved to the front; ``out0`` is
     what the first step returned when it was traced on its own (which tells the structure of
     ``y``; the compiler drops that computation). Returns ``(carry, ys)``, ``ys`` on ``axis``.
+    Unless ``hoist`` is ``False``, Inductor moves the work of the steps that does not depend on
+    the carry out of the loop (:mod:`torchscan._compiled_hoist`).
     """
     carry_flat, carry = _Flat.of(init)
     y_flat, y0 = _Flat.of(out0[1])
@@ -288,6 +293,8 @@ def run_scan(
 
     _allow_scalar_reads()
     _leave_out_size_asserts()
+    if hoist is not False:
+        _hoist_in_this_compile()
     final, ys = _compat.scan_operator()(combine, carry, sequences, dim=0, reverse=reverse)
     final, ys = carry_codec.decode(final[:n_carry]), y_codec.decode(ys)
     if reverse and not realign:

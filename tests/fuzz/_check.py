@@ -184,6 +184,41 @@ def check_runtimes(program: Program, model: onnx.ModelProto, opset: int) -> None
         assert_close(reference, expected, f"reference at length {length}", f32)
 
 
+def check_compiled(program: Program) -> bool:
+    """``torch.compile`` (Inductor, with its hoisting of the steps' work out of the loop) against
+    torchscan eagerly, at the first length and without gradients; False where the compilation
+    fails with hoisting turned off as well (torch's compiler, not hoisting, cannot compile it)."""
+    from torchscan import _compiled
+
+    eager = program.module(TORCHSCAN)
+    inputs = program.inputs_at(program.lengths[0])
+    with torch.no_grad():
+        expected = leaves(eager(*inputs))
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            actual = leaves(torch.compile(eager)(*inputs))
+    except Exception:
+        torch._dynamo.reset()
+        hoisting = _compiled._hoist_in_this_compile
+        _compiled._hoist_in_this_compile = lambda: False
+        try:
+            with torch.no_grad():
+                torch.compile(eager)(*inputs)
+        except Exception as error:
+            SKIPS[f"compiled: {kind_of(error)}"] += 1
+            return False
+        finally:
+            _compiled._hoist_in_this_compile = hoisting
+            torch._dynamo.reset()
+        raise  # it compiles without hoisting: the hoisting broke it
+    finally:
+        torch._dynamo.reset()
+    f32 = "float32" in program.source() or any(i.dtype == "float32" for i in program.inputs)
+    assert_close([a.numpy() for a in actual], expected, "compiled", f32)
+    return True
+
+
 def check(program: Program, opset: int) -> None:
     """Every check of one program: eager against the oracle, then the exported model."""
     RUNS["generated"] += 1

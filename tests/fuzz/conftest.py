@@ -14,6 +14,7 @@ from ._check import REFUSALS, RUNS, SKIPS
 DEFAULT_EXAMPLES = {
     "eager": 150,
     "hoisted": 40,
+    "compiled": 12,
     "export": 60,
     "vmap": 60,
     "padded": 24,

@@ -14,9 +14,9 @@ import collections
 import hypothesis
 import pytest
 
-from torchscan import _hoist
+from torchscan import _compiled_hoist, _hoist
 
-from ._check import RUNS, check_eager, check_vmap
+from ._check import RUNS, check_compiled, check_eager, check_vmap
 from ._padded import check_padded, padded_problems
 from ._strategies import programs
 from ._theano import check_theano, theano_problems
@@ -58,6 +58,27 @@ def test_hoisted_steps_match_the_python_loop(fuzz_settings, monkeypatch) -> None
         assert outcomes["hoisted"] >= sum(outcomes.values()) // 2, outcomes
     else:
         pytest.fail(f"too few programs were traced to judge: {outcomes}")
+
+
+def test_compiled_programs_match_eager(fuzz_settings) -> None:
+    """Programs compiled by Inductor, whose scans it hoists where their steps allow it, against
+    the same programs run eagerly. (Random steps seldom have work on ``x`` alone: the hoisting
+    itself is tested on steps made to have it in tests/test_compiled_hoist.py.)"""
+    outcomes: collections.Counter[str] = collections.Counter()
+
+    @fuzz_settings("compiled")
+    @hypothesis.given(program=programs())
+    def run(program) -> None:
+        if check_eager(program):
+            _compiled_hoist.last.clear()
+            if check_compiled(program):
+                RUNS["compiled"] += 1
+                outcomes["hoisted" if _compiled_hoist.last else "compiled"] += 1
+            else:
+                outcomes["torch cannot compile it"] += 1
+
+    run()
+    assert outcomes["compiled"] + outcomes["hoisted"] >= sum(outcomes.values()) // 2, outcomes
 
 
 def test_vmap_matches_vmap_of_the_python_loop(fuzz_settings) -> None:
