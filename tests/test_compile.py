@@ -227,10 +227,24 @@ def loop_of(trips: int) -> Callable:
     return fn
 
 
+def none_in_xs(xs):
+    """A scan whose sequences hold a ``None`` leaf."""
+    return torchscan.scan(
+        lambda c, x: (c + x["a"], {"y": c * x["a"], "b": x["b"]}),
+        torch.zeros(4),
+        {"a": xs, "b": None},
+    )
+
+
 @pytest.mark.parametrize("length", [0, 1])
-@pytest.mark.parametrize("name", ["dict carry, None leaves", "until", "loop with until"])
+@pytest.mark.parametrize(
+    "name", ["dict carry, None leaves", "None in xs", "until", "loop with until"]
+)
 def test_zero_steps_and_one_step_compile(name: str, length: int) -> None:
-    fn = loop_of(length) if name.startswith("loop") else SCANS[name]
+    if name == "None in xs":
+        fn = none_in_xs
+    else:
+        fn = loop_of(length) if name.startswith("loop") else SCANS[name]
     xs = sequences(max(length, 1) if name.startswith("loop") else length)
     torch.testing.assert_close(compiled(fn, fullgraph=True)(xs), fn(xs), rtol=0, atol=0)
 

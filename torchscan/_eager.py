@@ -85,7 +85,8 @@ def scan_no_step(plan: ScanPlan) -> tuple[Any, Any]:
     init, protocol = plan.carry.init, plan.protocol
     if torch.compiler.is_dynamo_compiling():
         # Traced for its shapes only: the compiler drops the computation.
-        out = plan.fn(init, _pytree.tree_map(torch.zeros_like, fake_x))
+        zeros = [None if t is None else torch.zeros_like(t) for t in _pytree.tree_leaves(fake_x)]
+        out = plan.fn(init, _pytree.tree_unflatten(zeros, plan.xs_spec))
     else:
         out = protocol.outputs.call_on_fake(
             "xs has length 0", _traced.on_fake_tensors(plan.fn), init, fake_x, real=plan.fn

@@ -14,7 +14,7 @@ from ._check import REFUSALS, RUNS, SKIPS
 DEFAULT_EXAMPLES = {
     "eager": 150,
     "hoisted": 40,
-    "compiled": 12,
+    "compiled": 8,
     "export": 60,
     "vmap": 60,
     "padded": 24,
