@@ -803,7 +803,7 @@ def _split(gm: torch.fx.GraphModule, walk: _Walk, n_carry: int, shape: dict[str,
         constant_out,
         dict(names),
         fresh,
-        fast=False,
+        fast=True,  # run at every call, like the loop
     )
     over_names = {node: f"x_{i}" for i, node in enumerate(x_in)}
     over_names.update({node: f"constant_{k}" for k, node in enumerate(constant_out)})
