@@ -283,12 +283,12 @@ def test_every_change_of_what_a_step_reads_is_seen_at_the_next_call(change, monk
     (got, what, reason) = run_until_traced(model, h, xs)
     assert what == "hoisted", reason
     close(got, scan_loop(model, h, xs))
-    _, walk = _hoist.signature(model, [], [])
-    assert _hoist.signature(model, [], [])[1] is walk  # read once while nothing changes
+    _, walk = _hoist.signature(model, ())
+    assert _hoist.signature(model, ())[1] is walk  # read once while nothing changes
     CHANGES[change](model)
     # values are read at every call, never part of a signature
     read_again = change != "a parameter's values changed in place"
-    assert (_hoist.signature(model, [], [])[1] is not walk) == read_again
+    assert (_hoist.signature(model, ())[1] is not walk) == read_again
     for _ in range(_hoist.TRACE_AT_CALL):
         close(torchscan.scan(model, h, xs), scan_loop(model, h, xs))
 

@@ -216,6 +216,14 @@ class CarryType:
             for leaf in self.leaves
         ]
 
+    def of(self, init: Any, leaves: list[Any]) -> CarryType:
+        """This type, of another ``init`` whose flattened ``leaves`` have the same structure,
+        shapes, dtypes and devices (checked by the caller)."""
+        carry = object.__new__(CarryType)
+        carry.__dict__.update(self.__dict__)
+        carry.init, carry.leaves = init, leaves
+        return carry
+
     def tensor_leaves(self, carry: Any) -> list[torch.Tensor] | None:
         """The tensors of ``carry`` if it has the structure, shapes and dtypes of ``init``, else
         ``None`` (devices, which only a step that moves tensors can change, are left to

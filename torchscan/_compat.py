@@ -340,8 +340,13 @@ TREE_SPEC_TYPES: tuple[type, ...] = (pytree.TreeSpec, cxx_pytree.PyTreeSpec)
 def torch_function_of(op: OpOverload) -> Any:
     """The function of the ``torch`` namespace that the overload packet of ``op`` names
     (``torch.mm`` for ``aten.mm.default``), or ``None``: called at less cost than ``op``, and
-    resolving the same overload from the same arguments."""
-    return getattr(torch._C._VariableFunctions, op.overloadpacket.__name__, None)
+    resolving the same overload from the same arguments. For an in-place operation
+    (``aten.add_.Tensor``), the method of the tensor it changes (``Tensor.add_``)."""
+    name = op.overloadpacket.__name__
+    function = getattr(torch._C._VariableFunctions, name, None)
+    if function is None and name.endswith("_"):
+        function = getattr(torch._C.TensorBase, name, None)
+    return function
 
 
 def shape_env() -> Any:
@@ -570,6 +575,11 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "torch._C",
         "_VariableFunctions",
         "call a hoisted step's operations as the torch functions they are",
+    ),
+    PrivateSymbol(
+        "torch._C",
+        "TensorBase",
+        "call a hoisted step's in-place operations as the tensor methods they are",
     ),
     PrivateSymbol("torch.utils._pytree", "TreeSpec", "compare captured pytree structures"),
     PrivateSymbol(

@@ -80,15 +80,23 @@ def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
         except _traced.DataDependentSlice as refusal:  # raised where the API is not known
             raise refusal.from_api(plan.protocol.api) from refusal.__cause__
     if isinstance(plan, ScanPlan):
-        runner = {
-            "empty": _eager.scan_no_step,
-            "compiled": _compiled.scan,
-            "hoisted": _hoist.scan,
-            "eager": _eager.scan,
-        }
-        carry, ys = runner[strategy](plan)
+        result = _hoist.scan(plan) if strategy == "hoisted" else None
+        # not hoisted after all (the step does not allow it, or not yet): the Python loop
+        carry, ys = _SCAN_RUNNERS[strategy](plan) if result is None else result
         if plan.padded_length is not None:
             ys = _outputs.extend(ys, plan.out, plan.padded_length - plan.length)
         return carry, ys
-    runner = {"empty": _eager.loop_no_iteration, "compiled": _compiled.loop, "eager": _eager.loop}
-    return runner[strategy](plan)
+    return _LOOP_RUNNERS[strategy](plan)
+
+
+_SCAN_RUNNERS = {
+    "empty": _eager.scan_no_step,
+    "compiled": _compiled.scan,
+    "hoisted": _eager.scan,
+    "eager": _eager.scan,
+}
+_LOOP_RUNNERS = {
+    "empty": _eager.loop_no_iteration,
+    "compiled": _compiled.loop,
+    "eager": _eager.loop,
+}

@@ -145,7 +145,11 @@ class _Walk:
             self.empty.append(d)
 
     def finish(self) -> None:
-        """Add the read of the empty containers to :attr:`reads`."""
+        """Add the reads of the tensors (their metadata) and of the empty containers, each
+        kind in one, to :attr:`reads`."""
+        if self.tensors:
+            tensors = tuple(self.tensors)
+            self.reads.append((_TENSOR, tensors, list(map(_meta, tensors))))
         if self.empty:
             self.reads.append((_EMPTY, tuple(self.empty)))
             self.empty = []
@@ -257,9 +261,7 @@ class _Walk:
             return ("ref", known)
         self.seen[id(t)] = len(self.seen)
         self.tensors.append(t)
-        meta = _meta(t)
-        self.reads.append((_TENSOR, t, meta))
-        return ("tensor", len(self.tensors) - 1, *meta)
+        return ("tensor", len(self.tensors) - 1, *_meta(t))
 
     def _function(self, fn: types.FunctionType, depth: int) -> Any:
         code = fn.__code__
@@ -331,16 +333,12 @@ def _unchanged(reads: Sequence[tuple[Any, ...]]) -> bool:
     is_ = operator.is_
     for read in reads:
         kind = read[0]
-        if kind == _DICT:
+        if kind == _DICT:  # the same keys (equal, as the dict finds them), the same values
             _, d, keys, values = read
-            if (
-                len(d) != len(keys)
-                or not all(map(is_, d.values(), values))
-                or not all(map(is_, d, keys))
-            ):
+            if tuple(d) != keys or not all(map(is_, d.values(), values)):
                 return False
         elif kind == _TENSOR:
-            if _meta(read[1]) != read[2]:
+            if list(map(_meta, read[1])) != read[2]:
                 return False
         elif kind == _EMPTY:
             if any(read[1]):
@@ -410,8 +408,10 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _meta(t: torch.Tensor) -> tuple[Any, ...]:
-    return (t.shape, t.dtype, t.device, t.requires_grad)
+_meta: Callable[[torch.Tensor], tuple[Any, ...]] = operator.attrgetter(
+    "shape", "dtype", "device", "requires_grad"
+)
+"""The metadata of a tensor that a signature holds."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1075,11 +1075,9 @@ def _remember_walk(fn: Any, walk: _Walk, key: _Key) -> None:
     _walks[step_id] = (ref, walk, key)
 
 
-def signature(
-    fn: Callable[..., Any], carry_leaves: Sequence[Any], x_meta: Sequence[Any]
-) -> tuple[Any, _Walk]:
-    """The key of a step's signature (what it captures, and its arguments' structures, shapes,
-    dtypes, devices and gradients, and the grad mode), and the walk that read it."""
+def signature(fn: Callable[..., Any], arguments: Any) -> tuple[Any, _Walk]:
+    """The key of a step's signature (what it captures, its arguments' :func:`arguments_key`,
+    and the grad mode), and the walk that read it."""
     known = _walks.get(id(fn))
     if known is not None and known[0]() is fn and _unchanged(known[1].reads):
         key, walk = known[2], known[1]
@@ -1088,12 +1086,7 @@ def signature(
         key = _Key(walk.key(fn))
         walk.finish()
         _remember_walk(fn, walk, key)
-    return (
-        key,
-        tuple(None if t is None else _meta(t) for t in carry_leaves),
-        tuple(x_meta),
-        torch.is_grad_enabled(),
-    ), walk
+    return (key, arguments, torch.is_grad_enabled()), walk
 
 
 @dataclasses.dataclass
@@ -1113,8 +1106,7 @@ last = Outcome()
 
 def lookup(
     fn: Callable[[Any, Any], Any],
-    carry_leaves: Sequence[Any],
-    x_meta: Sequence[Any],
+    arguments_key: Any,
     arguments: Callable[[], tuple[Any, Any]],
     check: Callable[[Any], Any],
     *,
@@ -1125,7 +1117,7 @@ def lookup(
     runs as the Python loop."""
     global traces
     try:
-        key, walk = signature(fn, carry_leaves, x_meta)
+        key, walk = signature(fn, arguments_key)
     except _NotHoistable as reason:
         _outcome("loop", str(reason))
         return None
@@ -1165,12 +1157,10 @@ def _outcome(what: str, reason: str = "") -> None:
     last.what, last.reason = what, reason
 
 
-def refuse(
-    fn: Callable[..., Any], carry_leaves: Sequence[Any], x_meta: Sequence[Any], reason: str
-) -> None:
+def refuse(fn: Callable[..., Any], arguments_key: Any, reason: str) -> None:
     """Remember that the step of this signature runs as the Python loop."""
     try:
-        key, _ = signature(fn, carry_leaves, x_meta)
+        key, _ = signature(fn, arguments_key)
     except _NotHoistable:
         return
     _remember(key, _Refused(reason))
@@ -1205,37 +1195,51 @@ def eligible(plan: ScanPlan) -> bool:
     return not _compat.functorch_transforms_active()
 
 
-def scan(plan: ScanPlan) -> tuple[Any, Any]:
-    """The steps of ``plan`` with the work that does not depend on the carry done once; as the
-    Python loop (:func:`torchscan._eager.scan`) where the step cannot be hoisted."""
-    from torchscan import _eager
-
-    result = _run(plan)
-    return _eager.scan(plan) if result is None else result
+def scan(plan: ScanPlan) -> tuple[Any, Any] | None:
+    """The steps of ``plan`` with the work that does not depend on the carry done once; ``None``
+    where the step cannot be hoisted, and runs as the Python loop."""
+    return _run(plan)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def arguments_key(plan: ScanPlan) -> _Key | None:
+    """What a signature holds of the arguments of ``plan``: the structures of the carry and of
+    ``x``, and the shape (``x`` without the scanned axis: the length is no part of a signature),
+    dtype, device and ``requires_grad`` of their leaves; ``None`` where a leaf is a tensor
+    subclass. Read from the plan's metadata alone, so kept in its memo."""
+    memo = plan.memo
+    if "hoist" in memo:
+        return memo["hoist"]
+    carry_type = plan.carry
+    x_meta: list[Any] = [carry_type.spec, plan.xs_spec]
+    key: _Key | None = None
+    for leaf, axis in zip(plan.xs_leaves, plan.in_axes, strict=True):
+        if leaf is None:
+            x_meta.append(None)
+        elif type(leaf) not in _PLAIN:
+            break
+        else:
+            shape = leaf.shape
+            x_meta.append(
+                (shape[:axis] + shape[axis + 1 :], leaf.dtype, leaf.device, leaf.requires_grad)
+            )
+    else:
+        if all(leaf is None or type(leaf) in _PLAIN for leaf in carry_type.leaves):
+            carry_meta = tuple(None if t is None else _meta(t) for t in carry_type.leaves)
+            key = _Key((carry_meta, tuple(x_meta)))
+    memo["hoist"] = key
+    return key
 
 
 def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
     reverse = plan.direction[0]  # type: ignore[index]
     n = plan.length
     carry_type = plan.carry
-    # the structures of the carry and of x, then the metadata of x's leaves
-    x_meta: list[Any] = [carry_type.spec, plan.xs_spec]
-    for leaf, axis in zip(plan.xs_leaves, plan.in_axes, strict=True):
-        if leaf is None:
-            x_meta.append(None)
-            continue
-        if type(leaf) not in _PLAIN:
-            return None
-        shape = leaf.shape  # x's leaf: without axis (the length is no part of a signature)
-        x_meta.append(
-            (shape[:axis] + shape[axis + 1 :], leaf.dtype, leaf.device, leaf.requires_grad)
-        )
-    for leaf in carry_type.leaves:
-        if leaf is not None and type(leaf) not in _PLAIN:
-            return None
+    x_key = arguments_key(plan)
+    if x_key is None:
+        return None
     protocol = plan.protocol
 
     def first_step() -> tuple[Any, Any]:
@@ -1248,8 +1252,7 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
 
     found = lookup(
         plan.fn,
-        carry_type.leaves,
-        x_meta,
+        x_key,
         first_step,
         lambda out: protocol.check_fake_result(out, carry_type, plan.out),
         now=plan.hoist is True,
@@ -1280,7 +1283,7 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
             sequences = _compat.map_over(hoisted.over, list(zip(xs, axes, strict=True)), once)
         except Exception as error:
             reason = f"vmap cannot batch it ({type(error).__name__}: {error})"
-            refuse(plan.fn, carry_type.leaves, x_meta, reason)
+            refuse(plan.fn, x_key, reason)
             _warn(plan, reason)
             return None
         columns = [s.unbind(0) for s in sequences]

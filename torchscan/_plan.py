@@ -9,7 +9,7 @@ the trip count and the condition, and whether something ends the loop."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +41,8 @@ class ScanPlan:
       hoist: whether the work of the step that does not depend on the carry is done once
         (:mod:`torchscan._hoist`): ``None`` where the step allows it and it pays, ``True``
         wherever the step allows it, ``False`` never.
+      memo: what is derived from the plan's metadata alone, kept for the next calls whose
+        arguments have the same :func:`arguments_key` (their plans share it).
     """
 
     protocol: _steps.Protocol
@@ -56,6 +58,32 @@ class ScanPlan:
     padded_length: Any = None
     loop_operator: bool = True
     hoist: bool | None = None
+    memo: dict[str, Any] = dataclasses.field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    def without_values(self) -> ScanPlan:
+        """This plan without the call's step and tensors: what a later call whose arguments have
+        the same :func:`arguments_key` completes with :meth:`for_call` instead of checking its
+        arguments again (the key holds everything the checks read)."""
+        plan = dataclasses.replace(
+            self, fn=_no_step, user=_no_step, carry=self.carry.of(None, []), xs_leaves=()
+        )
+        _ = plan.direction  # computed once, for every call
+        return plan
+
+    def for_call(
+        self, fn: Callable[..., Any], init: Any, init_leaves: list[Any], xs_leaves: Sequence[Any]
+    ) -> ScanPlan:
+        """This plan (one :meth:`without_values`) for a call of ``fn`` on ``init`` and ``xs``,
+        flattened to ``init_leaves`` and ``xs_leaves``."""
+        plan = object.__new__(ScanPlan)
+        state = plan.__dict__
+        state.update(self.__dict__)
+        state["fn"] = state["user"] = fn
+        state["carry"] = self.carry.of(init, init_leaves)
+        state["xs_leaves"] = tuple(xs_leaves)
+        return plan
 
     @property
     def reverse(self) -> bool | None:
@@ -71,6 +99,12 @@ class ScanPlan:
         stacked on one axis, the form of ``jax.lax.scan``: the steps run backwards with
         ``reverse``, and ``ys`` are aligned with ``xs`` (``realign``) or in the order the steps
         ran. ``None`` where the axes or directions are given leaf by leaf."""
+        memo = self.memo
+        if "direction" not in memo:
+            memo["direction"] = self._direction()
+        return memo["direction"]
+
+    def _direction(self) -> tuple[bool, bool] | None:
         out = self.out
         if out.axes_prefix is not None or not isinstance(out.reverse_prefix, bool):
             return None
@@ -88,6 +122,38 @@ class ScanPlan:
     def present(self) -> list[torch.Tensor]:
         """The tensors among the leaves of the sequences."""
         return [leaf for leaf in self.xs_leaves if leaf is not None]
+
+
+def _no_step(*_: Any) -> None:
+    """The step of a plan without values, which never runs (:meth:`ScanPlan.for_call` gives
+    it the call's step)."""
+
+
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+
+
+def arguments_key(options: tuple[Any, ...], *trees: tuple[Any, Sequence[Any]]) -> Any:
+    """What the checks of a call read of its arguments, hashable: ``options`` (ints, bools and
+    ``None`` alone), and the structure of every flattened tree ``(spec, leaves)`` with the type,
+    shape, dtype, device and ``requires_grad`` of its leaves. ``None`` where an argument is of
+    another kind (a tensor subclass, a number, a symbolic size): that call is checked in full."""
+    kinds = tuple(map(type, options))  # 0 and False are equal keys, but not equal options
+    if not _OPTION_TYPES.issuperset(kinds):
+        return None
+    key: list[Any] = [options, kinds]
+    for spec, leaves in trees:
+        key.append(spec)
+        for leaf in leaves:
+            if leaf is None:
+                key.append(None)
+            elif type(leaf) in _PLAIN:
+                key.append((leaf.shape, leaf.dtype, leaf.device, leaf.requires_grad))
+            else:
+                return None
+    return tuple(key)
+
+
+_OPTION_TYPES = frozenset({int, bool, type(None)})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ import torch
 
 from torchscan import _checks, _dispatch, _layout, _lengths, _outputs, _pytree, _steps
 from torchscan._errors import TorchscanTypeError
-from torchscan._plan import ScanPlan
+from torchscan._plan import ScanPlan, arguments_key
 from torchscan._until import Until
 
 Carry = TypeVar("Carry")
@@ -242,6 +242,18 @@ def scan_in_order(
     aligns them with ``xs``. Exported, that is ``scan_output_directions`` 0 instead of 1.
     ``loop_operator=False`` keeps the steps as they are under ``torch.compile``, for a ``fn``
     that changes Python state (which torch's loop operators refuse)."""
+    options = None
+    if (
+        in_axes is None
+        and out_axes is None
+        and in_reverse is None
+        and out_reverse is None
+        and lengths is None
+    ):
+        options = (axis, reverse, length, realign, loop_operator, hoist, batch_axis)
+        done = _run_checked(fn, init, xs, options)
+        if done is not None:
+            return done
     _checks.check_callable(_API, "fn", fn)
     _checks.refuse_torchscript(_API)
     _checks.refuse_strict_export(_API)
@@ -282,4 +294,32 @@ def scan_in_order(
     _checks.check_int(_API, "batch_axis", batch_axis)
     if lengths is not None:
         plan = _lengths.masked(plan, lengths, batch_axis)
+    elif options is not None and not torch.compiler.is_compiling():
+        key = arguments_key(options, (carry.spec, carry.leaves), (xs_spec, xs_leaves))
+        if key is not None:  # a later call with arguments like these reuses the plan
+            if len(_checked) >= _CHECKED_SIZE:
+                del _checked[next(iter(_checked))]
+            _checked[key] = plan.without_values()
     return _dispatch.run(plan)
+
+
+def _run_checked(fn: Any, init: Any, xs: Any, options: tuple[Any, ...]) -> Any:
+    """The result of the call, where arguments with the same :func:`arguments_key` (and so
+    ``xs`` not a ``PackedSequence``, ``hoist`` a bool or ``None``, ...) passed the checks
+    before: its plan is theirs with its values; ``None`` where the call is to be checked."""
+    if not callable(fn) or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return None  # checked in full: refused, or traced with symbolic sizes
+    xs_leaves, xs_spec = _pytree.tree_flatten(xs)
+    init_leaves, init_spec = _pytree.tree_flatten(init)
+    key = arguments_key(options, (init_spec, init_leaves), (xs_spec, xs_leaves))
+    checked = _checked.get(key) if key is not None else None
+    if checked is None:
+        return None
+    return _dispatch.run(checked.for_call(fn, init, init_leaves, xs_leaves))
+
+
+_checked: dict[Any, ScanPlan] = {}
+"""The plans of the last calls whose arguments passed the checks, without their values, by
+:func:`torchscan._plan.arguments_key`: a call with arguments of the same key needs no checks
+(they read nothing else), only its values put into the plan."""
+_CHECKED_SIZE = 256

@@ -14,13 +14,13 @@ from ._check import REFUSALS, RUNS, SKIPS
 DEFAULT_EXAMPLES = {
     "eager": 150,
     "hoisted": 40,
-    "compiled": 8,
-    "export": 60,
+    "compiled": 6,
+    "export": 40,
     "vmap": 60,
-    "padded": 24,
+    "padded": 16,
     "theano": 8,
 }
-"""Programs per test in the default slice: every one run eagerly against the oracle, 60 of
+"""Programs per test in the default slice: every one run eagerly against the oracle, 40 of
 them also exported and run in onnxruntime; about four minutes on one core, export dominating."""
 
 
