@@ -18,7 +18,7 @@ KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 # What an export runs: everything but the check tool and the command line, which may build
 # models with onnx.helper.
-EXPORT_PATH_EXCLUDED = ("torchscan.onnx._check", "torchscan._cli")
+EXPORT_PATH_EXCLUDED = ("torchscan.onnx._check", "torchscan.onnx._import", "torchscan._cli")
 
 
 def _module_name(path: Path) -> str:

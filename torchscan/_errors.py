@@ -91,6 +91,14 @@ class ExportError(TorchscanError, NotImplementedError):
     __module__ = "torchscan"
 
 
+class OnnxImportError(TorchscanError, ValueError):
+    """An ONNX model that ``torchscan.onnx.to_torch`` cannot turn into a module: an operator (or
+    a version of one) it does not implement, a model that fails ``onnx.checker``, or a node whose
+    inputs break its operator's rules; the message names the node."""
+
+    __module__ = "torchscan.onnx"
+
+
 class TorchscanWarning(UserWarning):
     """The base class of every warning torchscan gives itself: an export that succeeds, but whose
     model a common runtime will not run as it is (the message says which, and what to do); a

@@ -6,8 +6,9 @@ import os
 
 import onnx
 import torch
+import torch.utils._pytree as pytree
 
-from torchscan.onnx import loop_version, scan_version
+from torchscan.onnx import loop_version, scan_version, to_torch
 from torchscan.onnx._check._lint import lint
 
 from ._models import Case
@@ -144,3 +145,41 @@ def check_reference(model: onnx.ModelProto, eager: torch.nn.Module, case: Case) 
     for length in lengths or (case.export_length,):
         inputs = case.inputs(length)
         assert_outputs_close(run_reference(model, inputs), eager_outputs(eager, inputs), model)
+
+
+def check_imported(model: onnx.ModelProto, eager: torch.nn.Module, case: Case) -> None:
+    """``torchscan.onnx.to_torch`` of the export computes the eager model's outputs at every
+    run length, and at the export length the eager model's gradients to every floating input.
+    (Not to the parameters: the export folds what it computes from parameters alone into
+    constants, and the imported module trains the graph it was given.)"""
+    module = to_torch(model)
+    for length in case.run_lengths or (case.export_length,):
+        inputs = case.inputs(length)
+        with torch.no_grad():
+            got = module(*inputs)
+        got = [got] if isinstance(got, torch.Tensor) else list(got)
+        assert_outputs_close([g.detach().numpy() for g in got], eager_outputs(eager, inputs), model)
+    inputs = [
+        t.detach().clone().requires_grad_(t.is_floating_point())
+        for t in case.inputs(case.export_length)
+    ]
+    imported_inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    want = [leaf for leaf in pytree.tree_leaves(eager(*inputs)) if leaf is not None]
+    got = module(*imported_inputs)
+    got = [got] if isinstance(got, torch.Tensor) else list(got)
+    floats = [i for i, w in enumerate(want) if w.is_floating_point() and w.requires_grad]
+    if not floats:
+        return
+    weights = {i: torch.linspace(-1, 1, want[i].numel()).reshape(want[i].shape) for i in floats}
+    sum((got[i] * weights[i]).sum() for i in floats).backward()
+    try:
+        sum((want[i] * weights[i]).sum() for i in floats).backward()
+    except RuntimeError as error:
+        # A step that reshapes a view of its carry in place (squeeze_) bumps the version of a
+        # tensor autograd saved: the eager model, as its Python loop, has no backward.
+        if "modified by an inplace operation" not in str(error):
+            raise
+        return
+    for original, imported in zip(inputs, imported_inputs, strict=True):
+        if original.grad is not None:
+            torch.testing.assert_close(imported.grad, original.grad, rtol=1e-4, atol=1e-5)

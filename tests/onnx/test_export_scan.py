@@ -15,6 +15,7 @@ import torchscan
 from .._export import onnx_export
 from ._models import CASES
 from ._roundtrip import (
+    check_imported,
     check_onnxruntime,
     check_reference,
     check_structure,
@@ -46,6 +47,12 @@ def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> No
 @pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
     check_reference(exported(name, opset), models(name), CASES[name])
+
+
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
+def test_imported_module_equals_eager(exported, models, name: str, opset: int) -> None:
+    """torchscan.onnx.to_torch of the export: the eager outputs and gradients."""
+    check_imported(exported(name, opset), models(name), CASES[name])
 
 
 class StaticElman(torch.nn.Module):

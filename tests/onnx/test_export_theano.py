@@ -8,6 +8,7 @@ import torch
 
 from ._roundtrip import (
     OPSETS,
+    check_imported,
     check_onnxruntime,
     check_reference,
     check_structure,
@@ -37,6 +38,12 @@ def test_onnxruntime_equals_eager(exported, models, name: str, opset: int) -> No
 @pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
 def test_reference_evaluator_equals_eager(exported, models, name: str, opset: int) -> None:
     check_reference(exported(f"theano:{name}", opset), models(f"theano:{name}"), CASES[name])
+
+
+@pytest.mark.parametrize(("name", "opset"), PAIRS, ids=pair_ids(PAIRS))
+def test_imported_module_equals_eager(exported, models, name: str, opset: int) -> None:
+    """torchscan.onnx.to_torch of the export: the eager outputs and gradients."""
+    check_imported(exported(f"theano:{name}", opset), models(f"theano:{name}"), CASES[name])
 
 
 @pytest.mark.parametrize("opset", [18, OPSETS[-1]])

@@ -86,10 +86,16 @@ if TYPE_CHECKING:
     from torchscan.onnx._check._report import Finding as Finding
     from torchscan.onnx._check._report import OutputDiff as OutputDiff
     from torchscan.onnx._convert import OpsetConversionError as OpsetConversionError
+    from torchscan.onnx._import import OnnxImportError as OnnxImportError
+    from torchscan.onnx._import import OnnxModule as OnnxModule
+    from torchscan.onnx._import import to_torch as to_torch
 
 _LAZY = {
     "check": "torchscan.onnx._check._compare",
     "OpsetConversionError": "torchscan.onnx._convert",
+    "OnnxImportError": "torchscan.onnx._import",
+    "OnnxModule": "torchscan.onnx._import",
+    "to_torch": "torchscan.onnx._import",
     "CheckedNode": "torchscan.onnx._check._report",
     "CheckReport": "torchscan.onnx._check._report",
     "Comparison": "torchscan.onnx._check._report",
@@ -118,6 +124,8 @@ __all__ = [
     "Comparison",
     "ExportOptions",
     "Finding",
+    "OnnxImportError",
+    "OnnxModule",
     "OpVersion",
     "OpsetConversionError",
     "OutputDiff",
@@ -129,5 +137,6 @@ __all__ = [
     "install_export_hooks",
     "loop_version",
     "scan_version",
+    "to_torch",
     "uninstall_export_hooks",
 ]

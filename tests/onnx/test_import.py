@@ -1,0 +1,497 @@
+"""``torchscan.onnx.to_torch``: ONNX models as modules, against ONNX's own backend cases (their
+expected outputs come from onnx's numpy implementations), onnxruntime, and the models
+torchscan exports."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+import torch
+from onnxscript import FLOAT, INT64, script
+from onnxscript import opset18 as op
+
+import torchscan
+import torchscan.onnx
+from torchscan.onnx import OnnxImportError
+from torchscan.onnx._import._registry import implemented, schema_version
+
+from ._runtimes import run_onnxruntime_on
+from .test_compare import backend_cases
+
+# ---------------------------------------------------------------------------------------------
+# ONNX's backend node cases
+
+
+def _backend_cases() -> dict[str, Any]:
+    return backend_cases()
+
+
+def _nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from _nodes(attribute.g)
+
+
+def _all_implemented(model: onnx.ModelProto) -> bool:
+    """Whether every node of ``model`` is an operator version to_torch lists, read from the
+    registry's table and onnx's schemas, and every input a tensor."""
+    table = implemented()
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        return False
+    for node in _nodes(model.graph):
+        if node.domain not in ("", "ai.onnx"):
+            return False
+        version = schema_version("", node.op_type, opset)
+        if version is None or version not in table.get(node.op_type, []):
+            return False
+    return all(
+        i.type.HasField("tensor_type") and i.type.tensor_type.elem_type in _TORCH_TYPES
+        for i in model.graph.input
+    )
+
+
+_TORCH_TYPES = {
+    getattr(onnx.TensorProto, name)
+    for name in [
+        "FLOAT",
+        "DOUBLE",
+        "FLOAT16",
+        "BFLOAT16",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "BOOL",
+    ]
+}
+"""The element types of the inputs of the cases run: those torch has (not strings, not the
+8-, 4- and 2-bit types)."""
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, onnx.TensorProto):  # some cases give their inputs as protos
+        value = onnx.numpy_helper.to_array(value)
+    value = np.asarray(value)
+    if value.dtype.name == "bfloat16":  # numpy has none; onnx uses ml_dtypes'
+        return torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(value.copy())
+
+
+def _implemented_cases() -> list[str]:
+    return sorted(name for name, case in _backend_cases().items() if _all_implemented(case.model))
+
+
+REFUSED = re.compile(
+    # torch has no comparison, arithmetic, maximum or minimum of these unsigned types
+    r"test_(add|sub|div|greater|greater_equal|less|less_equal|max|min)_uint(16|32|64)(_expanded)?$"
+    # a random mask
+    r"|test_training_dropout.*"
+)
+"""The backend cases of implemented operators that to_torch refuses, each with its reason."""
+
+
+@pytest.mark.parametrize("name", _implemented_cases())
+def test_backend_case(name: str) -> None:
+    """Each backend case whose operators to_torch implements computes the case's expected
+    outputs, or is refused for a reason listed in :data:`REFUSED` (never a wrong result)."""
+    case = _backend_cases()[name]
+    try:
+        module = torchscan.onnx.to_torch(case.model)
+        for inputs, expected in case.data_sets:
+            with torch.no_grad():
+                got = module(*[_tensor(i) for i in inputs])
+            got = [got] if isinstance(got, torch.Tensor) else list(got)
+            assert len(got) == len(expected)
+            for value, want in zip(got, expected, strict=True):
+                if isinstance(want, onnx.TensorProto):
+                    want = onnx.numpy_helper.to_array(want)
+                want = np.asarray(want)
+                assert value.shape == want.shape, (value.shape, want.shape)
+                if want.dtype.name == "bfloat16":
+                    np.testing.assert_allclose(
+                        value.float().numpy(), want.astype(np.float32), rtol=1e-2, atol=1e-2
+                    )
+                elif want.dtype.kind in "fc":
+                    np.testing.assert_allclose(
+                        value.numpy(),
+                        want,
+                        rtol=1e-3 if want.dtype == np.float16 else 1e-5,
+                        atol=1e-3 if want.dtype == np.float16 else 1e-6,
+                    )
+                else:
+                    np.testing.assert_array_equal(value.numpy(), want)
+    except OnnxImportError:
+        if not REFUSED.match(name):
+            raise
+        return
+    assert not REFUSED.match(name), "refused cases are expected to be refused"
+
+
+def test_the_backend_cases_cover_scan_loop_and_if_and_most_operators() -> None:
+    """The cases above are not a handful: ONNX's Scan, Loop and If cases are among them."""
+    names = set(_implemented_cases())
+    assert {
+        "test_scan_sum",
+        "test_scan9_sum",
+        "test_scan9_multi_state",
+        "test_scan9_scalar",
+        "test_loop11",
+        "test_if",
+    } <= names
+    assert len(names) >= 500, len(names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scan attributes, against onnxruntime
+
+
+@st.composite
+def scan_models(draw):
+    """A Scan-``opset`` node with random states, scan inputs, axes and directions, whose body
+    mixes every state and input, and the inputs to run it on."""
+    opset = draw(st.sampled_from([9, 11, 16, 21, 25]))
+    n_states = draw(st.integers(0, 2))
+    m = draw(st.integers(1, 3))
+    k = draw(st.integers(0 if n_states else 1, 2))
+    length = draw(st.integers(1, 4))
+    element = (2, 3)
+    negative = opset >= 11
+    in_axes = [draw(st.integers(-3 if negative else 0, 2)) for _ in range(m)]
+    out_axes = [draw(st.integers(-3 if negative else 0, 2)) for _ in range(k)]
+    in_dirs = [draw(st.integers(0, 1)) for _ in range(m)]
+    out_dirs = [draw(st.integers(0, 1)) for _ in range(k)]
+    f = onnx.TensorProto.FLOAT
+    body_inputs = [oh.make_tensor_value_info(f"s{i}", f, element) for i in range(n_states)]
+    body_inputs += [oh.make_tensor_value_info(f"x{j}", f, element) for j in range(m)]
+    nodes = [oh.make_node("Tanh", ["x0"], ["t0"])]
+    for j in range(1, m):
+        nodes.append(oh.make_node("Add", [f"t{j - 1}", f"x{j}"], [f"t{j}"]))
+    mixed = f"t{m - 1}"
+    outputs = []
+    for i in range(n_states):
+        nodes.append(oh.make_node("Mul", [f"s{i}", "half"], [f"h{i}"]))
+        nodes.append(oh.make_node("Add", [f"h{i}", mixed], [f"s{i}_out"]))
+        outputs.append(f"s{i}_out")
+    for j in range(k):
+        source = f"s{j % n_states}_out" if n_states else mixed
+        nodes.append(oh.make_node("Sub", [source, f"x{j % m}"], [f"y{j}"]))
+        outputs.append(f"y{j}")
+    body = oh.make_graph(
+        nodes,
+        "body",
+        body_inputs,
+        [oh.make_tensor_value_info(o, f, element) for o in outputs],
+    )
+    attributes = {"num_scan_inputs": m, "body": body}
+    if draw(st.booleans()) or any(in_axes):
+        attributes["scan_input_axes"] = in_axes
+    if draw(st.booleans()) or any(in_dirs):
+        attributes["scan_input_directions"] = in_dirs
+    if k and (draw(st.booleans()) or any(out_axes)):
+        attributes["scan_output_axes"] = out_axes
+    if k and (draw(st.booleans()) or any(out_dirs)):
+        attributes["scan_output_directions"] = out_dirs
+    states = [f"init{i}" for i in range(n_states)]
+    sequences = [f"seq{j}" for j in range(m)]
+    graph_outputs = [f"final{i}" for i in range(n_states)] + [f"ys{j}" for j in range(k)]
+    scan = oh.make_node("Scan", states + sequences, graph_outputs, **attributes)
+    half = oh.make_tensor("half", f, [], [0.5])
+    graph = oh.make_graph(
+        [scan],
+        "scan",
+        [oh.make_tensor_value_info(s, f, element) for s in states]
+        + [oh.make_tensor_value_info(s, f, ["a", "b", "c"]) for s in sequences],
+        [oh.make_tensor_value_info(o, f, element) for o in graph_outputs[:n_states]]
+        + [oh.make_tensor_value_info(o, f, ["d", "e", "g"]) for o in graph_outputs[n_states:]],
+        [half],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 10)
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    feeds = {s: rng.standard_normal(element).astype(np.float32) for s in states}
+    for name, axis in zip(sequences, in_axes, strict=True):
+        shape = list(element)
+        shape.insert(axis % 3, length)
+        feeds[name] = rng.standard_normal(shape).astype(np.float32)
+    return model, feeds
+
+
+@hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
+@hypothesis.given(problem=scan_models())
+def test_scan_attributes_compute_as_onnxruntime(problem) -> None:
+    model, feeds = problem
+    module = torchscan.onnx.to_torch(model)
+    got = module(**{name: torch.from_numpy(value) for name, value in feeds.items()})
+    got = [got] if isinstance(got, torch.Tensor) else list(got)
+    for level, outputs in run_onnxruntime_on(model, feeds).items():
+        assert len(outputs) == len(got)
+        for value, want in zip(got, outputs, strict=True):
+            np.testing.assert_allclose(
+                value.detach().numpy(), want, rtol=1e-5, atol=1e-6, err_msg=level
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loops that torchscan did not export: onnxscript
+
+
+def _onnxscript_loop_model() -> onnx.ModelProto:
+    @script()
+    def running(x: FLOAT[None, 3], n: INT64) -> FLOAT[3]:
+        total = op.ReduceSum(x, op.Constant(value_ints=[0]), keepdims=0) * 0.0
+        for i in range(n):
+            total = total + op.Gather(x, i, axis=0) * op.Cast(i + 1, to=1)
+        return total
+
+    return running.to_model_proto()
+
+
+def test_an_onnxscript_for_loop_computes_as_onnxruntime() -> None:
+    model = _onnxscript_loop_model()
+    assert any(node.op_type == "Loop" for node in _nodes(model.graph))
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for n in (0, 1, 4):
+        feeds = {"x": x, "n": np.array(n, dtype=np.int64)}
+        got = torchscan.onnx.to_torch(model)(torch.from_numpy(x), torch.tensor(n))
+        want = sum((x[i] * (i + 1) for i in range(n)), np.zeros(3, np.float32))
+        np.testing.assert_allclose(got.detach().numpy(), want)
+        for outputs in run_onnxruntime_on(model, feeds).values():
+            np.testing.assert_allclose(got.detach().numpy(), outputs[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The module
+
+
+def _linear_scan_model() -> onnx.ModelProto:
+    """``h = tanh(h @ W + x)`` over the sequence, W an initializer."""
+    f = onnx.TensorProto.FLOAT
+    body = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["h", "W"], ["hw"]),
+            oh.make_node("Add", ["hw", "x"], ["pre"]),
+            oh.make_node("Tanh", ["pre"], ["h_out"]),
+            oh.make_node("Identity", ["h_out"], ["y"]),
+        ],
+        "body",
+        [oh.make_tensor_value_info("h", f, [2, 3]), oh.make_tensor_value_info("x", f, [2, 3])],
+        [oh.make_tensor_value_info("h_out", f, [2, 3]), oh.make_tensor_value_info("y", f, [2, 3])],
+    )
+    weight = np.linspace(-1, 1, 9, dtype=np.float32).reshape(3, 3)
+    graph = oh.make_graph(
+        [oh.make_node("Scan", ["h0", "xs"], ["h_last", "ys"], num_scan_inputs=1, body=body)],
+        "rnn",
+        [
+            oh.make_tensor_value_info("h0", f, [2, 3]),
+            oh.make_tensor_value_info("xs", f, ["T", 2, 3]),
+        ],
+        [
+            oh.make_tensor_value_info("h_last", f, [2, 3]),
+            oh.make_tensor_value_info("ys", f, ["T", 2, 3]),
+        ],
+        [onnx.numpy_helper.from_array(weight, "W")],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_floating_initializers_are_parameters_and_train() -> None:
+    """A body reads the main graph's initializer by name; the gradient of the module's
+    parameter is the Python loop's."""
+    module = torchscan.onnx.to_torch(_linear_scan_model())
+    assert [name for name, _ in module.named_parameters()] == ["init_W"]
+    assert module.onnx_names == {"init_W": "W"}
+    h0, xs = torch.randn(2, 3), torch.randn(5, 2, 3)
+    h_last, ys = module(h0, xs)
+    (h_last.sum() + ys.square().sum()).backward()
+
+    weight = module.init_W.detach().clone().requires_grad_()
+    h, outs = h0, []
+    for x in xs:
+        h = torch.tanh(h @ weight + x)
+        outs.append(h)
+    (h.sum() + torch.stack(outs).square().sum()).backward()
+    torch.testing.assert_close(ys, torch.stack(outs))
+    torch.testing.assert_close(module.init_W.grad, weight.grad)
+
+
+def test_a_path_and_keyword_inputs(tmp_path) -> None:
+    path = tmp_path / "rnn.onnx"
+    onnx.save(_linear_scan_model(), path)
+    module = torchscan.onnx.to_torch(str(path))
+    h0, xs = torch.randn(2, 3), torch.randn(4, 2, 3)
+    torch.testing.assert_close(module(h0, xs), module(xs=xs, h0=h0))
+
+
+def test_the_imported_scan_exports_again_as_one_scan() -> None:
+    module = torchscan.onnx.to_torch(_linear_scan_model()).eval()
+    h0, xs = torch.randn(2, 3), torch.randn(4, 2, 3)
+    t = torch.export.Dim("T", min=1)
+    program = torch.onnx.export(
+        module, (h0, xs), dynamo=True, opset_version=17, dynamic_shapes=(None, {0: t})
+    )
+    exported = program.model_proto
+    assert [n.op_type for n in _nodes(exported.graph)].count("Scan") == 1
+    xs7 = torch.randn(7, 2, 3)
+    feeds = {i.name: v.numpy() for i, v in zip(exported.graph.input, (h0, xs7), strict=True)}
+    want = [o.detach().numpy() for o in module(h0, xs7)]
+    for outputs in run_onnxruntime_on(exported, feeds).values():
+        for got, expected in zip(outputs, want, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+
+
+def test_a_model_that_fails_the_checker() -> None:
+    model = _linear_scan_model()
+    model.graph.node[0].input[1] = "missing"
+    with pytest.raises(OnnxImportError, match=r"fails onnx\.checker"):
+        torchscan.onnx.to_torch(model)
+
+
+def test_an_operator_not_implemented_is_named_with_its_version_and_node() -> None:
+    f = onnx.TensorProto.FLOAT
+    graph = oh.make_graph(
+        [oh.make_node("Det", ["x"], ["y"], name="determinant")],
+        "g",
+        [oh.make_tensor_value_info("x", f, [2, 2])],
+        [oh.make_tensor_value_info("y", f, [])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    with pytest.raises(OnnxImportError, match=r"node 'determinant' \(Det-11\) of the main graph"):
+        torchscan.onnx.to_torch(model)
+
+
+def test_a_loop_whose_body_changes_a_carried_values_rank_is_refused_naming_the_node() -> None:
+    f, i64, b = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.BOOL
+    body = oh.make_graph(
+        [
+            oh.make_node("Identity", ["cond"], ["cond_out"]),
+            oh.make_node("Unsqueeze", ["v", "zero"], ["v_out"]),
+        ],
+        "body",
+        [
+            oh.make_tensor_value_info("i", i64, []),
+            oh.make_tensor_value_info("cond", b, []),
+            oh.make_tensor_value_info("v", f, ["n"]),
+        ],
+        [
+            oh.make_tensor_value_info("cond_out", b, []),
+            oh.make_tensor_value_info("v_out", f, [1, "n"]),
+        ],
+        [oh.make_tensor("zero", i64, [1], [0])],
+    )
+    graph = oh.make_graph(
+        [oh.make_node("Loop", ["M", "", "v0"], ["v_final"], body=body, name="grow")],
+        "g",
+        [oh.make_tensor_value_info("M", i64, []), oh.make_tensor_value_info("v0", f, [3])],
+        [oh.make_tensor_value_info("v_final", f, ["m"])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    module = torchscan.onnx.to_torch(model)
+    with pytest.raises(OnnxImportError, match=r"node 'grow' \(Loop-16\).*carry must keep its"):
+        module(torch.tensor(2), torch.zeros(3))
+
+
+def test_a_loop_that_never_ends_is_refused() -> None:
+    model = onnx.load_from_string(_onnxscript_loop_model().SerializeToString())
+    loop = next(n for n in model.graph.node if n.op_type == "Loop")
+    loop.input[0] = ""
+    loop.input[1] = ""
+    module = torchscan.onnx.to_torch(model)
+    with pytest.raises(OnnxImportError, match="neither a trip count nor a condition"):
+        module(torch.zeros(2, 3), torch.tensor(1))
+
+
+def test_what_torch_cannot_compute_names_the_node_and_the_inputs() -> None:
+    u16 = onnx.TensorProto.UINT16
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["a", "b"], ["c"], name="sum")],
+        "g",
+        [oh.make_tensor_value_info("a", u16, [2]), oh.make_tensor_value_info("b", u16, [2])],
+        [oh.make_tensor_value_info("c", u16, [2])],
+    )
+    module = torchscan.onnx.to_torch(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+    with pytest.raises(OnnxImportError, match=r"'sum' \(Add-14\).*uint16\[2\], uint16\[2\]"):
+        module(torch.zeros(2, dtype=torch.uint16), torch.zeros(2, dtype=torch.uint16))
+
+
+def test_a_model_that_is_neither_a_proto_nor_a_path() -> None:
+    with pytest.raises(TypeError, match=r"must be an onnx\.ModelProto or a path, but got int"):
+        torchscan.onnx.to_torch(3)  # type: ignore[arg-type]
+
+
+def test_the_guides_operator_table_is_the_registrys() -> None:
+    from pathlib import Path
+
+    from torchscan.onnx._import._registry import markdown_table
+
+    text = (Path(__file__).parents[2] / "docs" / "import.md").read_text()
+    table = text.split("<!-- operator-table", 1)[1].split("-->\n", 1)[1]
+    assert table.split("<!-- end of operator-table -->")[0] == markdown_table()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((1, 2, 3), {}, r"takes 2 inputs \(\['h0', 'xs'\]\), but 3 were given"),
+        ((1,), {"h0": 2}, r"'h0' is not an input of the model or is given twice"),
+        ((), {"h": 1}, r"'h' is not an input of the model"),
+        ((1,), {}, r"inputs \['xs'\] are missing"),
+    ],
+)
+def test_the_modules_inputs_are_checked(args, kwargs, message) -> None:
+    """``OnnxModule.forward``, which each model's subclass calls with its inputs by name."""
+    module = torchscan.onnx.to_torch(_linear_scan_model())
+    with pytest.raises(TypeError, match=message):
+        torchscan.onnx.OnnxModule.forward(module, *args, **kwargs)
+
+
+def test_scan_8_with_a_sequence_length_out_of_range_is_refused() -> None:
+    f, i32 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT32
+    body = oh.make_graph(
+        [oh.make_node("Add", ["s", "x"], ["s_out"]), oh.make_node("Identity", ["s_out"], ["y"])],
+        "body",
+        [oh.make_tensor_value_info("s", f, [2]), oh.make_tensor_value_info("x", f, [2])],
+        [oh.make_tensor_value_info("s_out", f, [2]), oh.make_tensor_value_info("y", f, [2])],
+    )
+    scan = oh.make_node(
+        "Scan", ["lens", "s0", "xs"], ["s_last", "ys"], num_scan_inputs=1, body=body, name="sc"
+    )
+    graph = oh.make_graph(
+        [scan],
+        "g",
+        [
+            oh.make_tensor_value_info("lens", i32, [2]),
+            oh.make_tensor_value_info("s0", f, [2, 2]),
+            oh.make_tensor_value_info("xs", f, [2, 3, 2]),
+        ],
+        [
+            oh.make_tensor_value_info("s_last", f, [2, 2]),
+            oh.make_tensor_value_info("ys", f, [2, 3, 2]),
+        ],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 8)])
+    model.ir_version = 3
+    module = torchscan.onnx.to_torch(model)
+    xs = torch.arange(12.0).reshape(2, 3, 2)
+    s_last, ys = module(torch.tensor([3, 1], dtype=torch.int32), torch.zeros(2, 2), xs)
+    torch.testing.assert_close(s_last, torch.stack([xs[0].sum(0), xs[1, :1].sum(0)]))
+    torch.testing.assert_close(ys[1, 1:], torch.zeros(2, 2))  # padded with zeros
+    with pytest.raises(OnnxImportError, match=r"'sc' \(Scan-8\).*sequence_lens \[4, 1\]"):
+        module(torch.tensor([4, 1], dtype=torch.int32), torch.zeros(2, 2), xs)

@@ -1,0 +1,321 @@
+"""An ONNX graph compiled once into nodes that call torch, and the module that runs it.
+
+:func:`compile_model` checks the model (``onnx.checker``), resolves every node to the
+implementation of its operator's version (:mod:`._registry`) and every subgraph (the bodies of
+``Scan`` and ``Loop``, the branches of ``If``) to a :class:`Graph` of its own; initializers become
+parameters (floating point) or buffers of the :class:`OnnxModule`, the subgraphs' included.
+Running a graph binds its inputs and initializers to names and calls its nodes in order; a
+subgraph reads the values of the graphs around it by name, as ONNX scopes them.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import keyword
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import onnx
+import onnx.numpy_helper
+import torch
+
+from torchscan._errors import OnnxImportError, TorchscanTypeError
+from torchscan.onnx._import import _registry
+from torchscan.onnx._import._types import torch_dtype
+
+_API = "the module of torchscan.onnx.to_torch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One node, resolved: its implementation, its inputs and outputs by name (``""`` for an
+    omitted optional one) and its attributes as Python values (a subgraph as a :class:`Graph`)."""
+
+    op_type: str
+    version: int
+    name: str
+    run: Callable[..., Any]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: Mapping[str, Any]
+    where: str
+
+    def refuse(self, reason: str) -> OnnxImportError:
+        """The error of this node: names it, its operator and version, and the reason."""
+        return OnnxImportError(f"torchscan.onnx.to_torch: {self.where}: {reason}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """A graph: its inputs, outputs, initializers (by name, to the module attribute that holds
+    them) and nodes in the order they run."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    initializers: Mapping[str, str]
+    nodes: tuple[Node, ...]
+
+    def run(
+        self, module: torch.nn.Module, inputs: Sequence[Any], outer: Mapping[str, Any] | None = None
+    ) -> list[Any]:
+        """The values of the outputs of the graph for the values of its ``inputs``; ``outer``
+        holds the values of the graphs around it, which its nodes may read."""
+        env: dict[str, Any] | collections.ChainMap[str, Any]
+        env = {} if outer is None else collections.ChainMap({}, outer)  # type: ignore[arg-type]
+        for name, attribute in self.initializers.items():
+            env[name] = getattr(module, attribute)
+        for name, value in zip(self.inputs, inputs, strict=True):
+            env[name] = value
+        for node in self.nodes:
+            args = [env[name] if name else None for name in node.inputs]
+            try:
+                result = node.run(Call(node, module, env), *args)
+            except OnnxImportError:
+                raise
+            except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as error:
+                if torch.compiler.is_compiling():
+                    raise  # torch's own errors of tracing, which it may handle
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                described = ", ".join(_describe(a) for a in args)
+                raise node.refuse(
+                    f"torch cannot compute it on inputs ({described}): "
+                    f"{type(error).__name__}: {first}"
+                ) from error
+            if isinstance(result, torch.Tensor) or not isinstance(result, (list, tuple)):
+                result = (result,)
+            for name, value in zip(node.outputs, result, strict=False):
+                if name:
+                    env[name] = value
+        return [env[name] for name in self.outputs]
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    return "omitted" if value is None else type(value).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """What an implementation reads besides its inputs: the node, and for a node with
+    subgraphs, the module and the values around it (:meth:`run_graph`)."""
+
+    node: Node
+    module: torch.nn.Module
+    env: Mapping[str, Any]
+
+    def attribute(self, name: str, default: Any = None) -> Any:
+        return self.node.attributes.get(name, default)
+
+    def run_graph(self, name: str, inputs: Sequence[Any]) -> list[Any]:
+        """Run the subgraph of attribute ``name`` on ``inputs``, reading the values in scope
+        here."""
+        graph: Graph = self.node.attributes[name]
+        if len(inputs) != len(graph.inputs):
+            raise self.node.refuse(
+                f"its {name} takes {len(graph.inputs)} inputs, but {len(inputs)} are given"
+            )
+        return graph.run(self.module, inputs, self.env)
+
+    def refuse(self, reason: str) -> OnnxImportError:
+        return self.node.refuse(reason)
+
+
+class _Compiler:
+    """Compiles a model's graphs, and collects the initializers of all of them."""
+
+    def __init__(self, opsets: Mapping[str, int]) -> None:
+        self.opsets = opsets
+        self.tensors: dict[str, torch.Tensor] = {}  # module attribute -> value
+        self.used: set[str] = set()
+
+    def graph(self, graph: onnx.GraphProto, where: str) -> Graph:
+        initializers: dict[str, str] = {}
+        for tensor in graph.initializer:
+            attribute = self._attribute_name(tensor.name)
+            self.tensors[attribute] = torch.from_numpy(onnx.numpy_helper.to_array(tensor).copy())
+            initializers[tensor.name] = attribute
+        for sparse in graph.sparse_initializer:
+            raise OnnxImportError(
+                f"torchscan.onnx.to_torch: {where} has a sparse initializer "
+                f"'{sparse.values.name}', which to_torch does not implement"
+            )
+        inputs = tuple(i.name for i in graph.input if i.name not in initializers)
+        for value in graph.input:
+            kind = value.type.WhichOneof("value")  # untyped, as a body's inputs may be
+            if value.name not in initializers and kind not in (None, "tensor_type"):
+                raise OnnxImportError(
+                    f"torchscan.onnx.to_torch: {where}: input '{value.name}' is not a tensor "
+                    "(sequences, maps and optionals are not implemented)"
+                )
+        nodes = tuple(self.node(node, i, where) for i, node in enumerate(graph.node))
+        return Graph(
+            graph.name,
+            inputs,
+            tuple(o.name for o in graph.output),
+            initializers,
+            nodes,
+        )
+
+    def node(self, node: onnx.NodeProto, index: int, graph_where: str) -> Node:
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        label = f"node '{node.name}'" if node.name else f"node #{index}"
+        opset = self.opsets.get(domain)
+        version = None if opset is None else _registry.schema_version(domain, node.op_type, opset)
+        op = node.op_type if not domain else f"{domain}.{node.op_type}"
+        if version is None:
+            raise OnnxImportError(
+                f"torchscan.onnx.to_torch: {label} ({op}) of {graph_where}: onnx knows no "
+                f"operator {op} at opset {opset}"
+            )
+        where = f"{label} ({op}-{version}) of {graph_where}"
+        run = _registry.lookup(domain, node.op_type, version)
+        if run is None:
+            others = _registry.implemented().get(node.op_type) if not domain else None
+            known = f" (implemented: versions {others})" if others else ""
+            raise OnnxImportError(
+                f"torchscan.onnx.to_torch: {where}: {op}-{version} is not implemented{known}. "
+                "The operators and versions to_torch implements are listed in "
+                "docs/import.md."
+            )
+        attributes: dict[str, Any] = {}
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                attributes[attribute.name] = self.graph(
+                    attribute.g, f"the {attribute.name} of {label} ({op}-{version})"
+                )
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                raise OnnxImportError(f"torchscan.onnx.to_torch: {where}: graph lists")
+            elif attribute.ref_attr_name:
+                raise OnnxImportError(
+                    f"torchscan.onnx.to_torch: {where}: attribute '{attribute.name}' refers to "
+                    "a function's attribute (functions are inlined first)"
+                )
+            else:
+                attributes[attribute.name] = _attribute_value(attribute)
+        return Node(
+            node.op_type,
+            version,
+            node.name,
+            run,
+            tuple(node.input),
+            tuple(node.output),
+            attributes,
+            where,
+        )
+
+    def _attribute_name(self, onnx_name: str) -> str:
+        name = re.sub(r"\W", "_", onnx_name) or "_"
+        if name[0].isdigit():
+            name = f"_{name}"
+        name, base, count = f"init_{name}", f"init_{name}", 1
+        while name in self.used:
+            count += 1
+            name = f"{base}_{count}"
+        self.used.add(name)
+        return name
+
+
+def _attribute_value(attribute: onnx.AttributeProto) -> Any:
+    value = onnx.helper.get_attribute_value(attribute)
+    if attribute.type == onnx.AttributeProto.TENSOR:
+        return torch.from_numpy(onnx.numpy_helper.to_array(value).copy())
+    if attribute.type == onnx.AttributeProto.STRING:
+        return value.decode()
+    if attribute.type == onnx.AttributeProto.STRINGS:
+        return [v.decode() for v in value]
+    if attribute.type == onnx.AttributeProto.TYPE_PROTO:
+        return value
+    return value
+
+
+class OnnxModule(torch.nn.Module):
+    """An ONNX model as a module: ``forward`` takes the graph's inputs (positionally in the
+    graph's order, or by name) and returns its output, or a tuple of its outputs. Each model's
+    module is of a subclass whose ``forward`` names the graph's inputs (an input whose name is
+    not a Python identifier is ``input_<i>``), so that ``torch.export`` binds
+    ``dynamic_shapes`` to them.
+
+    Floating-point initializers are parameters, the others buffers, named after the initializer
+    (``init_`` and the name with every character that is not a letter, digit or ``_`` replaced;
+    :attr:`onnx_names` maps them back). Save the parameters with ``state_dict``: the module
+    itself does not pickle."""
+
+    def __init__(self, graph: Graph, tensors: Mapping[str, torch.Tensor]) -> None:
+        super().__init__()
+        for attribute, value in tensors.items():
+            if value.is_floating_point() or value.is_complex():
+                self.register_parameter(attribute, torch.nn.Parameter(value))
+            else:
+                self.register_buffer(attribute, value)
+        self.graph = graph
+        self.input_names: tuple[str, ...] = graph.inputs
+        self.output_names: tuple[str, ...] = graph.outputs
+
+    @property
+    def onnx_names(self) -> dict[str, str]:
+        """The ONNX name of every initializer of the main graph, by module attribute."""
+        return {attribute: name for name, attribute in self.graph.initializers.items()}
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The graph's output (or a tuple of its outputs) for its inputs, in the graph's order
+        or by name."""
+        names = self.input_names
+        if len(args) > len(names):
+            raise TorchscanTypeError(
+                f"{_API}: the model takes {len(names)} inputs ({list(names)}), but "
+                f"{len(args)} were given"
+            )
+        values = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in names or name in values:
+                raise TorchscanTypeError(
+                    f"{_API}: {name!r} is not an input of the model or is given twice; its "
+                    f"inputs are {list(names)}"
+                )
+            values[name] = value
+        missing = [name for name in names if name not in values]
+        if missing:
+            raise TorchscanTypeError(
+                f"{_API}: inputs {missing} are missing; the model's inputs are {list(names)}"
+            )
+        outputs = self.graph.run(self, [values[name] for name in names])
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _module_class(inputs: Sequence[str]) -> type[OnnxModule]:
+    """A subclass of :class:`OnnxModule` whose ``forward`` takes ``inputs`` by name."""
+    names: list[str] = []
+    for index, name in enumerate(inputs):
+        usable = name.isidentifier() and not keyword.iskeyword(name) and name != "self"
+        names.append(name if usable and name not in names else f"input_{index}")
+    listed = ", ".join(names)
+    source = f"def forward(self, {listed}):\n    return OnnxModule.forward(self, {listed})\n"
+    namespace: dict[str, Any] = {"OnnxModule": OnnxModule}
+    exec(compile(source, "<torchscan.onnx.to_torch forward>", "exec"), namespace)
+    forward = namespace["forward"]
+    forward.__doc__ = OnnxModule.forward.__doc__
+    return type("OnnxModule", (OnnxModule,), {"forward": forward, "__module__": __name__})
+
+
+def compile_model(model: onnx.ModelProto) -> OnnxModule:
+    """``model`` as an :class:`OnnxModule` (see the module's docstring)."""
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        first = str(error).strip().splitlines()[0]
+        raise OnnxImportError(
+            f"torchscan.onnx.to_torch: the model fails onnx.checker: {first}"
+        ) from None
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    compiler = _Compiler(opsets)
+    graph = compiler.graph(model.graph, "the main graph")
+    return _module_class(graph.inputs)(graph, compiler.tensors)
+
+
+__all__ = ["Call", "Graph", "Node", "OnnxModule", "compile_model", "torch_dtype"]

@@ -1,0 +1,323 @@
+"""Element-wise operators, products, reductions and the normalizations, in torch.
+
+Each is registered for the versions whose meaning it follows; the versions before
+multidirectional broadcasting (``Add-1``, ``Add-6`` with their ``broadcast`` attribute) are not
+implemented.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchscan.onnx._import._graph import Call
+from torchscan.onnx._import._registry import implements
+
+_UNARY: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...]]] = {
+    "Abs": (torch.abs, (6, 13)),
+    "Neg": (torch.neg, (6, 13)),
+    "Exp": (torch.exp, (6, 13)),
+    "Log": (torch.log, (6, 13)),
+    "Sqrt": (torch.sqrt, (6, 13)),
+    "Reciprocal": (torch.reciprocal, (6, 13)),
+    "Tanh": (torch.tanh, (6, 13)),
+    "Sigmoid": (torch.sigmoid, (6, 13)),
+    "Relu": (torch.relu, (6, 13, 14)),
+    "Floor": (torch.floor, (6, 13)),
+    "Ceil": (torch.ceil, (6, 13)),
+    "Erf": (torch.erf, (9, 13)),
+    "Sin": (torch.sin, (7, 22)),
+    "Cos": (torch.cos, (7, 22)),
+    "Sign": (torch.sign, (9, 13)),
+    "Round": (torch.round, (11, 22)),  # half to even, as torch rounds
+    "IsNaN": (torch.isnan, (9, 13, 20)),
+    "Not": (torch.logical_not, (1,)),
+    "Softplus": (torch.nn.functional.softplus, (1, 22)),
+}
+
+
+def _unary(function: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(call: Call, x: torch.Tensor) -> torch.Tensor:
+        return function(x)
+
+    return run
+
+
+for _name, (_function, _versions) in _UNARY.items():
+    implements(_name, *_versions)(_unary(_function))
+
+
+@implements("Add", 7, 13, 14)
+def add(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.add(a, b)
+
+
+@implements("Sub", 7, 13, 14)
+def sub(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dtype == torch.bool:
+        raise call.refuse("Sub of bool tensors")
+    return torch.sub(a, b)
+
+
+@implements("Mul", 7, 13, 14)
+def mul(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.mul(a, b)
+
+
+@implements("Div", 7, 13, 14)
+def div(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.is_floating_point() or a.is_complex():
+        return torch.div(a, b)
+    return torch.div(a, b, rounding_mode="trunc")  # integers: truncated, as C++ divides
+
+
+@implements("Pow", 7, 12, 13, 15)
+def pow_(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.pow(x, y).to(x.dtype)  # the type of the base
+
+
+@implements("Mod", 10, 13)
+def mod(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if call.attribute("fmod", 0):
+        return torch.fmod(a, b)
+    if a.is_floating_point():
+        raise call.refuse("fmod=0 with floating-point inputs (the specification requires fmod=1)")
+    return torch.remainder(a, b)  # the sign of the divisor
+
+
+_COMPARISONS = {
+    "Equal": (torch.eq, (7, 11, 13, 19)),
+    "Less": (torch.lt, (7, 9, 13)),
+    "Greater": (torch.gt, (7, 9, 13)),
+    "LessOrEqual": (torch.le, (12, 16)),
+    "GreaterOrEqual": (torch.ge, (12, 16)),
+    "And": (torch.logical_and, (7,)),
+    "Or": (torch.logical_or, (7,)),
+    "Xor": (torch.logical_xor, (7,)),
+}
+
+
+def _binary(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return function(a, b)
+
+    return run
+
+
+for _name, (_function, _versions) in _COMPARISONS.items():
+    implements(_name, *_versions)(_binary(_function))
+
+
+def _variadic(function: Callable[..., torch.Tensor], mean: bool = False) -> Callable[..., Any]:
+    def run(call: Call, *inputs: torch.Tensor) -> torch.Tensor:
+        result = inputs[0]
+        for other in inputs[1:]:
+            result = function(result, other)
+        if len(inputs) == 1:
+            result = result.clone()
+        return result / len(inputs) if mean else result
+
+    return run
+
+
+implements("Max", 8, 12, 13)(_variadic(torch.maximum))
+implements("Min", 8, 12, 13)(_variadic(torch.minimum))
+implements("Sum", 8, 13)(_variadic(torch.add))
+implements("Mean", 8, 13)(_variadic(torch.add, mean=True))
+
+
+@implements("MatMul", 1, 9, 13)
+def matmul(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a, b)
+
+
+@implements("Gemm", 7, 9, 11, 13)
+def gemm(call: Call, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None) -> Any:
+    a = a.t() if call.attribute("transA", 0) else a
+    b = b.t() if call.attribute("transB", 0) else b
+    alpha, beta = call.attribute("alpha", 1.0), call.attribute("beta", 1.0)
+    product = torch.matmul(a, b)
+    if alpha != 1.0:
+        product = product * alpha
+    if c is None:
+        return product
+    return product + (c * beta if beta != 1.0 else c)
+
+
+@implements("LeakyRelu", 6, 16)
+def leaky_relu(call: Call, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.leaky_relu(x, call.attribute("alpha", 0.01))
+
+
+@implements("Einsum", 12)
+def einsum(call: Call, *inputs: torch.Tensor) -> torch.Tensor:
+    return torch.einsum(call.attribute("equation"), *inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax, reductions
+
+
+def _coerced(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Softmax before version 13: the input seen as a matrix of ``prod(shape[:axis])`` rows,
+    normalized along each row."""
+
+    def run(call: Call, x: torch.Tensor) -> torch.Tensor:
+        axis = call.attribute("axis", 1) % max(x.dim(), 1)
+        rows = math.prod(x.shape[:axis])
+        return function(x.reshape(rows, -1), dim=1).reshape(x.shape)
+
+    return run
+
+
+def _along_axis(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(call: Call, x: torch.Tensor) -> torch.Tensor:
+        return function(x, dim=call.attribute("axis", -1))
+
+    return run
+
+
+implements("Softmax", 1, 11)(_coerced(torch.softmax))
+implements("Softmax", 13)(_along_axis(torch.softmax))
+implements("LogSoftmax", 1, 11)(_coerced(torch.log_softmax))
+implements("LogSoftmax", 13)(_along_axis(torch.log_softmax))
+
+
+def _reduction(
+    function: Callable[[torch.Tensor, tuple[int, ...], bool], torch.Tensor],
+    axes_input: bool,
+    identity: Callable[[torch.dtype], Any],
+) -> Callable[..., torch.Tensor]:
+    def run(call: Call, x: torch.Tensor, axes: torch.Tensor | None = None) -> torch.Tensor:
+        keep = bool(call.attribute("keepdims", 1))
+        if axes_input:
+            chosen = [] if axes is None else [int(a) for a in axes.reshape(-1).tolist()]
+            if not chosen and call.attribute("noop_with_empty_axes", 0):
+                return x
+        else:
+            chosen = list(call.attribute("axes", []) or [])
+        dims = tuple(range(x.dim())) if not chosen else tuple(a % x.dim() for a in chosen)
+        if not dims:  # a 0-d input
+            return x.clone()
+        if any(x.shape[d] == 0 for d in dims):  # over no element: the reduction's identity
+            shape = [1 if d in dims else n for d, n in enumerate(x.shape) if keep or d not in dims]
+            return torch.full(shape, identity(x.dtype), dtype=x.dtype)
+        return function(x, dims, keep)
+
+    return run
+
+
+def _sum(x: torch.Tensor, dims: tuple[int, ...], keep: bool) -> torch.Tensor:
+    return torch.sum(x, dim=dims, keepdim=keep, dtype=x.dtype)
+
+
+def _mean(x: torch.Tensor, dims: tuple[int, ...], keep: bool) -> torch.Tensor:
+    return torch.mean(x, dim=dims, keepdim=keep)
+
+
+def _amax(x: torch.Tensor, dims: tuple[int, ...], keep: bool) -> torch.Tensor:
+    return torch.amax(x, dim=dims, keepdim=keep)
+
+
+def _amin(x: torch.Tensor, dims: tuple[int, ...], keep: bool) -> torch.Tensor:
+    return torch.amin(x, dim=dims, keepdim=keep)
+
+
+def _prod(x: torch.Tensor, dims: tuple[int, ...], keep: bool) -> torch.Tensor:
+    for dim in sorted(dims, reverse=True):
+        x = torch.prod(x, dim=dim, keepdim=keep, dtype=x.dtype)
+    return x
+
+
+def _lowest(dtype: torch.dtype) -> Any:
+    if dtype == torch.bool:
+        return False
+    return -math.inf if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
+def _highest(dtype: torch.dtype) -> Any:
+    if dtype == torch.bool:
+        return True
+    return math.inf if dtype.is_floating_point else torch.iinfo(dtype).max
+
+
+_REDUCTIONS = {  # the reduction, and its value over no element
+    "ReduceSum": (_sum, lambda dtype: 0),
+    "ReduceMean": (_mean, lambda dtype: math.nan),
+    "ReduceMax": (_amax, _lowest),
+    "ReduceMin": (_amin, _highest),
+    "ReduceProd": (_prod, lambda dtype: 1),
+}
+for _name, (_function, _identity) in _REDUCTIONS.items():
+    _attribute = _reduction(_function, axes_input=False, identity=_identity)
+    _input = _reduction(_function, axes_input=True, identity=_identity)
+    if _name == "ReduceSum":
+        implements(_name, 1, 11)(_attribute)
+        implements(_name, 13)(_input)
+        continue
+    implements(_name, 1, 11, 13, *((12,) if _name in ("ReduceMax", "ReduceMin") else ()))(
+        _attribute
+    )
+    implements(_name, 18, *((20,) if _name in ("ReduceMax", "ReduceMin") else ()))(_input)
+
+
+def _arg(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def run(call: Call, x: torch.Tensor) -> torch.Tensor:
+        axis = call.attribute("axis", 0) % max(x.dim(), 1)
+        keep = bool(call.attribute("keepdims", 1))
+        if call.attribute("select_last_index", 0):
+            flipped = function(x.flip(axis), dim=axis, keepdim=keep)
+            return x.shape[axis] - 1 - flipped
+        return function(x, dim=axis, keepdim=keep)
+
+    return run
+
+
+implements("ArgMax", 1, 11, 12, 13)(_arg(torch.argmax))
+implements("ArgMin", 1, 11, 12, 13)(_arg(torch.argmin))
+
+
+@implements("Clip", 11, 12, 13)
+def clip(
+    call: Call, x: torch.Tensor, low: torch.Tensor | None = None, high: torch.Tensor | None = None
+) -> torch.Tensor:
+    if low is None and high is None:
+        return x.clone()
+    return torch.clamp(x, low, high)
+
+
+@implements("Clip", 6)
+def clip_6(call: Call, x: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(x, call.attribute("min", -math.inf), call.attribute("max", math.inf))
+
+
+@implements("CumSum", 11, 14)
+def cumsum(call: Call, x: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
+    dim = int(axis) % max(x.dim(), 1)
+    if call.attribute("reverse", 0):
+        x = x.flip(dim)
+    out = torch.cumsum(x, dim, dtype=x.dtype)
+    if call.attribute("exclusive", 0):
+        out = out - x
+    return out.flip(dim) if call.attribute("reverse", 0) else out
+
+
+@implements("LayerNormalization", 17)
+def layer_norm(
+    call: Call, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    axis = call.attribute("axis", -1) % x.dim()
+    epsilon = call.attribute("epsilon", 1e-5)
+    dims = tuple(range(axis, x.dim()))
+    stash = torch.float32 if call.attribute("stash_type", 1) == 1 else x.dtype
+    computed = x.to(stash)
+    mean = computed.mean(dim=dims, keepdim=True)
+    variance = ((computed - mean) ** 2).mean(dim=dims, keepdim=True)
+    inverse = torch.rsqrt(variance + epsilon)
+    y = ((computed - mean) * inverse).to(x.dtype) * scale
+    if bias is not None:
+        y = y + bias
+    return y, mean, inverse
