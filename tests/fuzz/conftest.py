@@ -15,12 +15,12 @@ DEFAULT_EXAMPLES = {
     "eager": 150,
     "hoisted": 40,
     "compiled": 6,
-    "export": 40,
+    "export": 32,
     "vmap": 60,
     "padded": 16,
     "theano": 8,
 }
-"""Programs per test in the default slice: every one run eagerly against the oracle, 40 of
+"""Programs per test in the default slice: every one run eagerly against the oracle, 32 of
 them also exported and run in onnxruntime; about four minutes on one core, export dominating."""
 
 
