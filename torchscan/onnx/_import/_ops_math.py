@@ -36,6 +36,18 @@ _UNARY: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...]]
     "IsNaN": (torch.isnan, (9, 13, 20)),
     "Not": (torch.logical_not, (1,)),
     "Softplus": (torch.nn.functional.softplus, (1, 22)),
+    "Softsign": (torch.nn.functional.softsign, (1, 22)),
+    "Mish": (torch.nn.functional.mish, (18, 22)),
+    "Tan": (torch.tan, (7, 22)),
+    "Asin": (torch.asin, (7, 22)),
+    "Acos": (torch.acos, (7, 22)),
+    "Atan": (torch.atan, (7, 22)),
+    "Sinh": (torch.sinh, (9, 22)),
+    "Cosh": (torch.cosh, (9, 22)),
+    "Asinh": (torch.asinh, (9, 22)),
+    "Acosh": (torch.acosh, (9, 22)),
+    "Atanh": (torch.atanh, (9, 22)),
+    "BitwiseNot": (torch.bitwise_not, (18,)),
 }
 
 
@@ -97,6 +109,9 @@ _COMPARISONS = {
     "And": (torch.logical_and, (7,)),
     "Or": (torch.logical_or, (7,)),
     "Xor": (torch.logical_xor, (7,)),
+    "BitwiseAnd": (torch.bitwise_and, (18,)),
+    "BitwiseOr": (torch.bitwise_or, (18,)),
+    "BitwiseXor": (torch.bitwise_xor, (18,)),
 }
 
 
@@ -150,6 +165,64 @@ def gemm(call: Call, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = 
 @implements("LeakyRelu", 6, 16)
 def leaky_relu(call: Call, x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.leaky_relu(x, call.attribute("alpha", 0.01))
+
+
+@implements("Elu", 6, 22)
+def elu(call: Call, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.elu(x, call.attribute("alpha", 1.0))
+
+
+@implements("Selu", 6, 22)
+def selu(call: Call, x: torch.Tensor) -> torch.Tensor:
+    alpha = call.attribute("alpha", 1.67326319217681884765625)
+    gamma = call.attribute("gamma", 1.05070102214813232421875)
+    return gamma * torch.where(x > 0, x, alpha * torch.expm1(x))
+
+
+@implements("HardSigmoid", 6, 22)
+def hard_sigmoid(call: Call, x: torch.Tensor) -> torch.Tensor:
+    alpha, beta = call.attribute("alpha", 0.2), call.attribute("beta", 0.5)
+    return torch.clamp(alpha * x + beta, 0, 1)
+
+
+@implements("HardSwish", 14, 22)
+def hard_swish(call: Call, x: torch.Tensor) -> torch.Tensor:
+    return x * torch.clamp(x / 6 + 0.5, 0, 1)
+
+
+@implements("Gelu", 20)
+def gelu(call: Call, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate=call.attribute("approximate", "none"))
+
+
+@implements("ThresholdedRelu", 10, 22)
+def thresholded_relu(call: Call, x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x > call.attribute("alpha", 1.0), x, torch.zeros_like(x))
+
+
+@implements("PRelu", 9, 16)
+def prelu(call: Call, x: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
+    return torch.where(x < 0, slope * x, x)
+
+
+@implements("IsInf", 10, 20)
+def is_inf(call: Call, x: torch.Tensor) -> torch.Tensor:
+    negative, positive = call.attribute("detect_negative", 1), call.attribute("detect_positive", 1)
+    if negative and positive:
+        return torch.isinf(x)
+    if negative:
+        return torch.isneginf(x)
+    if positive:
+        return torch.isposinf(x)
+    return torch.zeros_like(x, dtype=torch.bool)
+
+
+@implements("Trilu", 14)
+def trilu(call: Call, x: torch.Tensor, k: torch.Tensor | None = None) -> torch.Tensor:
+    diagonal = 0 if k is None else int(k)
+    if call.attribute("upper", 1):
+        return torch.triu(x, diagonal)
+    return torch.tril(x, diagonal)
 
 
 @implements("Einsum", 12)
