@@ -1076,7 +1076,7 @@ def _remember_walk(fn: Any, walk: _Walk, key: _Key) -> None:
 
 
 def signature(fn: Callable[..., Any], arguments: Any) -> tuple[Any, _Walk]:
-    """The key of a step's signature (what it captures, its arguments' :func:`arguments_key`,
+    """The key of a step's signature (what it captures, its arguments' :func:`signature_arguments`,
     and the grad mode), and the walk that read it."""
     known = _walks.get(id(fn))
     if known is not None and known[0]() is fn and _unchanged(known[1].reads):
@@ -1106,7 +1106,7 @@ last = Outcome()
 
 def lookup(
     fn: Callable[[Any, Any], Any],
-    arguments_key: Any,
+    step_arguments: Any,
     arguments: Callable[[], tuple[Any, Any]],
     check: Callable[[Any], Any],
     *,
@@ -1117,7 +1117,7 @@ def lookup(
     runs as the Python loop."""
     global traces
     try:
-        key, walk = signature(fn, arguments_key)
+        key, walk = signature(fn, step_arguments)
     except _NotHoistable as reason:
         _outcome("loop", str(reason))
         return None
@@ -1157,10 +1157,10 @@ def _outcome(what: str, reason: str = "") -> None:
     last.what, last.reason = what, reason
 
 
-def refuse(fn: Callable[..., Any], arguments_key: Any, reason: str) -> None:
+def refuse(fn: Callable[..., Any], step_arguments: Any, reason: str) -> None:
     """Remember that the step of this signature runs as the Python loop."""
     try:
-        key, _ = signature(fn, arguments_key)
+        key, _ = signature(fn, step_arguments)
     except _NotHoistable:
         return
     _remember(key, _Refused(reason))
@@ -1204,7 +1204,7 @@ def scan(plan: ScanPlan) -> tuple[Any, Any] | None:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def arguments_key(plan: ScanPlan) -> _Key | None:
+def signature_arguments(plan: ScanPlan) -> _Key | None:
     """What a signature holds of the arguments of ``plan``: the structures of the carry and of
     ``x``, and the shape (``x`` without the scanned axis: the length is no part of a signature),
     dtype, device and ``requires_grad`` of their leaves; ``None`` where a leaf is a tensor
@@ -1237,7 +1237,7 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
     reverse = plan.direction[0]  # type: ignore[index]
     n = plan.length
     carry_type = plan.carry
-    x_key = arguments_key(plan)
+    x_key = signature_arguments(plan)
     if x_key is None:
         return None
     protocol = plan.protocol
