@@ -117,7 +117,7 @@ def test_a_clean_model_exits_0_with_a_table(files: Path) -> None:
     assert "Scan and Loop nodes" in done.stdout
     assert done.stdout.rstrip().endswith(
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across reference, onnxruntime, "
-        "onnxruntime-unoptimized"
+        "onnxruntime-unoptimized, torch"
     )
     assert done.stderr == ""
 
@@ -146,11 +146,15 @@ def test_a_model_with_findings_is_run_and_exits_1(files: Path) -> None:
         "error: [ONNXRuntimeError] : 1 : FAIL : Node () Op (Scan) [ShapeInferenceError] "
         "scan_input_axes axis value 5 is invalid for a tensor of rank 2"
     )
-    assert lines[-4:] == [
+    assert lines[-5:] == [
         f"onnxruntime: {onnxruntime}",
         f"onnxruntime-unoptimized: {onnxruntime}",
         "reference: error: Scan: scan_input_axes holds 5, outside [-2, 1]",
-        "FAILED: 1 finding, onnxruntime error, onnxruntime-unoptimized error, reference error",
+        "torch: error: node #0 (Scan-16) of the main graph: torchscan.scan: in_axes does not fit "
+        "every leaf of xs: * in_axes gives it 5: xs[0] has shape (3, 2), so axis must be in "
+        "[-2, 1]",
+        "FAILED: 1 finding, onnxruntime error, onnxruntime-unoptimized error, reference error, "
+        "torch error",
     ]
 
 
@@ -201,6 +205,7 @@ def test_outputs_that_disagree_with_the_expected_ones_exit_1(files: Path) -> Non
         "onnxruntime": "mismatch",
         "onnxruntime-unoptimized": "mismatch",
         "reference": "mismatch",
+        "torch": "mismatch",
     }
     ys = report["comparisons"][1]["outputs"][1]
     assert (ys["name"], ys["max_abs"], ys["ok"]) == ("ys", 1.0, False)
@@ -353,6 +358,15 @@ def test_unreadable_input_with_json_prints_one_json_document(
             "--module gives a baseline for the runtimes, and --lint-only runs none; give one of "
             "them",
         ),
+        (
+            ["--runtimes", "onnxruntime,tvm"],
+            "argument --runtimes: unknown runtime 'tvm' in 'onnxruntime,tvm'; the runtimes are "
+            "onnxruntime, reference, torch",
+        ),
+        (
+            ["--runtimes", "torch", "--lint-only"],
+            "--runtimes names runtimes to run, and --lint-only runs none; give one of them",
+        ),
     ],
     ids=[
         "timeout-zero",
@@ -363,6 +377,8 @@ def test_unreadable_input_with_json_prints_one_json_document(
         "allow-single-source-lint-only",
         "strict-allow-single-source",
         "module-lint-only",
+        "unknown-runtime",
+        "runtimes-lint-only",
     ],
 )
 def test_wrong_options_with_json_print_one_json_document(
@@ -416,11 +432,13 @@ def test_a_loop_that_runs_past_the_timeout_is_stopped_and_exits_1(files: Path) -
     done = torchscan("check", "spin.onnx", "--timeout", "1", cwd=files, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr == ""
-    assert done.stdout.splitlines()[-4:] == [
+    assert done.stdout.splitlines()[-5:] == [
         "onnxruntime: timed out after 1 s",
         "onnxruntime-unoptimized: timed out after 1 s",
         "reference: timed out after 1 s",
-        "FAILED: onnxruntime timed out, onnxruntime-unoptimized timed out, reference timed out",
+        "torch: timed out after 1 s",
+        "FAILED: onnxruntime timed out, onnxruntime-unoptimized timed out, reference timed out, "
+        "torch timed out",
     ]
     done = torchscan("check", "spin.onnx", "--timeout", "0.5", "--json", cwd=files, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -430,6 +448,7 @@ def test_a_loop_that_runs_past_the_timeout_is_stopped_and_exits_1(files: Path) -
         ("onnxruntime", "timeout", "timed out after 0.5 s"),
         ("onnxruntime-unoptimized", "timeout", "timed out after 0.5 s"),
         ("reference", "timeout", "timed out after 0.5 s"),
+        ("torch", "timeout", "timed out after 0.5 s"),
     ]
 
 
@@ -485,8 +504,10 @@ def test_ctrl_c_stops_the_check_at_once_and_exits_130(files: Path, as_json: bool
 def test_a_check_that_compared_nothing_exits_3(tmp_path: Path, options: tuple) -> None:
     from .onnx.test_check_random import noisy_scan
 
-    # onnxruntime 1.32 has no RandomNormalLike-22: the reference evaluator runs it alone.
+    # onnxruntime 1.32 has no RandomNormalLike-22: of the two runtimes asked for, the reference
+    # evaluator runs it alone.
     onnx.save(noisy_scan(opset=22, reverse=True), tmp_path / "noisy.onnx")
+    options = (*options, "--runtimes", "onnxruntime,reference")
     done = torchscan("check", "noisy.onnx", *options, cwd=tmp_path)
     assert done.returncode == 3, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1] == (
@@ -554,7 +575,7 @@ def baselines(files: Path) -> Path:
     return files
 
 
-def test_a_module_is_a_third_source_and_the_baseline(baselines: Path) -> None:
+def test_a_module_is_a_further_source_and_the_baseline(baselines: Path) -> None:
     done = torchscan("check", "scan.onnx", "--module", "baselines:make", "--json", cwd=baselines)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
@@ -563,6 +584,7 @@ def test_a_module_is_a_third_source_and_the_baseline(baselines: Path) -> None:
         ("onnxruntime", "ok"),
         ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
+        ("torch", "ok"),
     ]
 
 
@@ -570,7 +592,8 @@ def test_a_module_that_disagrees_exits_1(baselines: Path) -> None:
     done = torchscan("check", "scan.onnx", "--module", "baselines:wrong", cwd=baselines)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1] == (
-        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch"
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "torch mismatch"
     )
 
 
@@ -715,7 +738,7 @@ def test_a_model_that_no_runtime_runs_exits_3_and_says_why(tmp_path: Path) -> No
     from .onnx.test_check_random import noisy_scan
 
     onnx.save(noisy_scan(opset=22, reverse=True), tmp_path / "noisy.onnx")
-    done = torchscan("check", "noisy.onnx", cwd=tmp_path)
+    done = torchscan("check", "noisy.onnx", "--runtimes", "onnxruntime,reference", cwd=tmp_path)
     assert done.returncode == 3, done.stdout + done.stderr
     not_implemented = (
         "not supported by that runtime: [ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find "

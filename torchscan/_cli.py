@@ -114,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
         help="lint the Scan and Loop nodes of an ONNX model and compare runtimes on it",
         description=(
             "Lint every Scan and Loop node of MODEL against the rules of its version, run the "
-            "model in onnxruntime and onnx's reference evaluator, and compare their outputs "
+            "model in onnxruntime, onnx's reference evaluator and PyTorch (the model imported "
+            "by torchscan.onnx.to_torch), and compare their outputs "
             "(with the expected outputs where the inputs come with them). Exit status: 0 "
             "clean, 1 findings, mismatches or timeouts, 2 unreadable input or wrong options, "
             "3 not compared (fewer than two independent runtimes ran the model), 130 Ctrl-C."
@@ -142,6 +143,14 @@ def _parser() -> argparse.ArgumentParser:
         help="size of a dynamic dimension of random inputs (repeatable); each unset one gets a "
         "size of its own, 3, 4, ... skipping static sizes, except that the lengths of one Scan's "
         "scan inputs get one size",
+    )
+    check.add_argument(
+        "--runtimes",
+        type=_runtimes,
+        default=None,
+        metavar="NAMES",
+        help="the runtimes to run, comma-separated, among onnxruntime, reference and torch "
+        "(all three by default)",
     )
     check.add_argument(
         "--timeout",
@@ -192,6 +201,18 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _runtimes(text: str) -> tuple[str, ...]:
+    from torchscan.onnx._check._runtimes import RUNTIMES
+
+    names = tuple(name.strip() for name in text.split(","))
+    unknown = [name for name in names if name not in RUNTIMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown runtime {unknown[0]!r} in {text!r}; the runtimes are {', '.join(RUNTIMES)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
 def _dim(text: str) -> tuple[str, int]:
     name, sep, size = text.partition("=")
     if not (sep and name and size.isascii() and size.isdigit()):
@@ -222,6 +243,12 @@ def _check(options: argparse.Namespace) -> int:
                 options.json,
                 EXIT_UNREADABLE,
             )
+    if options.runtimes and options.lint_only:
+        return _fail(
+            "--runtimes names runtimes to run, and --lint-only runs none; give one of them",
+            options.json,
+            EXIT_UNREADABLE,
+        )
     if options.module and options.lint_only:
         return _fail(
             "--module gives a baseline for the runtimes, and --lint-only runs none; give one of "
@@ -237,7 +264,7 @@ def _check(options: argparse.Namespace) -> int:
             atol=options.atol,
             rtol=options.rtol,
             dims=dict(options.dim) or None,
-            runtimes=() if options.lint_only else RUNTIMES,
+            runtimes=() if options.lint_only else (options.runtimes or RUNTIMES),
             module=module,
             timeout=options.timeout,
             strict=not options.allow_single_source,

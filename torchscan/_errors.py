@@ -94,9 +94,20 @@ class ExportError(TorchscanError, NotImplementedError):
 class OnnxImportError(TorchscanError, ValueError):
     """An ONNX model that ``torchscan.onnx.to_torch`` cannot turn into a module: an operator (or
     a version of one) it does not implement, a model that fails ``onnx.checker``, or a node whose
-    inputs break its operator's rules; the message names the node."""
+    inputs break its operator's rules; the message names the node.
+
+    Attributes:
+      not_implemented: True where what is refused is a limit of ``to_torch`` or of torch (an
+        operator, a version of one, an element type or a case that is not implemented), rather
+        than a fault of the model; ``torchscan check`` reports such a model as not supported by
+        its ``torch`` runtime, not as failed.
+    """
 
     __module__ = "torchscan.onnx"
+
+    def __init__(self, message: str, *, not_implemented: bool = False) -> None:
+        super().__init__(message)
+        self.not_implemented = not_implemented
 
 
 class TorchscanWarning(UserWarning):

@@ -147,6 +147,44 @@ def check_reference(model: onnx.ModelProto, eager: torch.nn.Module, case: Case) 
         assert_outputs_close(run_reference(model, inputs), eager_outputs(eager, inputs), model)
 
 
+REEXPORT_OPSET = 18 if 18 in OPSETS else max(OPSETS)
+"""The opset at which the imported models are exported again (one of the sampled opsets of every
+case, so that the first export is shared)."""
+
+
+def _loop_nodes(graph: onnx.GraphProto) -> list[str]:
+    """The Scan, Loop and If nodes of a graph and its bodies, by operator, sorted."""
+    found = []
+    for node in graph.node:
+        if node.op_type in ("Scan", "Loop", "If"):
+            found.append(node.op_type)
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.HasField("g") else attribute.graphs:
+                found += _loop_nodes(body)
+    return sorted(found)
+
+
+def check_reexported(
+    model: onnx.ModelProto, eager: torch.nn.Module, case: Case, opset: int
+) -> None:
+    """``torch.onnx.export`` of ``torchscan.onnx.to_torch`` of the export, at the same opset and
+    with the same dynamic dimensions, has the same Scan, Loop and If nodes (one Scan stays one
+    Scan), and onnxruntime computes the eager model's outputs with it at every run length."""
+    from .._export import onnx_export
+
+    module = to_torch(model)
+    again = onnx_export(
+        module,
+        tuple(case.inputs(case.export_length)),
+        dynamo=True,
+        opset_version=opset,
+        dynamic_shapes=case.dynamic_shapes(),
+    ).model_proto
+    assert _loop_nodes(again.graph) == _loop_nodes(model.graph)
+    assert [o.version for o in again.opset_import if o.domain in ("", "ai.onnx")] == [opset]
+    check_onnxruntime(again, eager, case)
+
+
 def check_imported(model: onnx.ModelProto, eager: torch.nn.Module, case: Case) -> None:
     """``torchscan.onnx.to_torch`` of the export computes the eager model's outputs at every
     run length, and at the export length the eager model's gradients to every floating input.

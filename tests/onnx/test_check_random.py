@@ -222,7 +222,7 @@ def test_the_text_report_says_which_outputs_are_not_compared_and_why() -> None:
         "RandomNormalLike 'noise', which no two sources draw alike; its shape and element type "
         "are compared",
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across reference, onnxruntime, "
-        "onnxruntime-unoptimized; values not compared: random (ys, shifted)",
+        "onnxruntime-unoptimized, torch; values not compared: random (ys, shifted)",
     ]
 
 
@@ -250,7 +250,8 @@ def test_a_random_output_of_another_shape_and_a_wrong_deterministic_one_still_fa
     }
     report = torchscan.onnx.check(noisy_scan(), inputs=[h0, xs], expected=expected)
     assert report.summary() == (
-        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch"
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "torch mismatch"
     )
     onnxruntime = report.comparisons[1]
     outputs = {o.name: (o.ok, o.note) for o in onnxruntime.outputs}
@@ -272,14 +273,16 @@ def test_only_random_outputs_agree_by_shape_and_element_type() -> None:
     assert report.ok, report
     assert report.summary() == (
         "OK: 1 Scan/Loop node checked, no findings; shapes and element types agree across "
-        "reference, onnxruntime, onnxruntime-unoptimized; values not compared: random (ys, "
-        "shifted)"
+        "reference, onnxruntime, onnxruntime-unoptimized, torch; values not compared: random "
+        "(ys, shifted)"
     )
 
 
 def test_nothing_said_compared_where_one_source_ran() -> None:
-    # onnxruntime 1.32 has no RandomNormalLike-22: only the reference evaluator runs it.
-    report = torchscan.onnx.check(noisy_scan(opset=22, reverse=True))
+    # onnxruntime 1.32 has no RandomNormalLike-22: of the two asked, only the reference
+    # evaluator runs it.
+    model = noisy_scan(opset=22, reverse=True)
+    report = torchscan.onnx.check(model, runtimes=("onnxruntime", "reference"))
     assert report.verdict == "not compared", report
     assert report.notes == ()
     assert report.summary().endswith(
@@ -287,6 +290,15 @@ def test_nothing_said_compared_where_one_source_ran() -> None:
         "(onnxruntime: not supported by that runtime; onnxruntime-unoptimized: not supported by "
         "that runtime)"
     )
+    # The imported module draws its own noise: the two are compared by shape and element type.
+    with_torch = torchscan.onnx.check(model)
+    assert with_torch.ok, with_torch
+    assert {c.source: c.status for c in with_torch.comparisons} == {
+        "reference": "baseline",
+        "onnxruntime": "unsupported",
+        "onnxruntime-unoptimized": "unsupported",
+        "torch": "ok",
+    }
 
 
 class Denoise(torch.nn.Module):
@@ -311,5 +323,6 @@ def test_an_export_that_draws_noise_in_a_scan_passes_against_pytorch() -> None:
         ("onnxruntime", "ok"),
         ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
+        ("torch", "ok"),
     ]
     assert all(o.not_compared == "random" for c in report.comparisons for o in c.outputs)

@@ -49,7 +49,7 @@ def test_onnxruntime_without_a_kernel_is_not_supported_and_the_reference_is_the_
     # onnxruntime 1.32 has no int16 kernel for Max-13: its status is NOT_IMPLEMENTED.
     nodes = [oh.make_node("Max", ["h_in", "x_t"], ["h_out"], name="max")]
     model = scan_model(nodes, TensorProto.INT16)
-    report = torchscan.onnx.check(model)
+    report = torchscan.onnx.check(model, runtimes=("onnxruntime", "reference"))
     assert (report.verdict, report.ok) == ("not compared", False), report
     lacks = (
         "unsupported",
@@ -72,9 +72,36 @@ def test_onnxruntime_without_a_kernel_is_not_supported_and_the_reference_is_the_
         "the model to compare outputs: only reference ran (onnxruntime: not supported by that "
         "runtime; onnxruntime-unoptimized: not supported by that runtime)"
     )
-    accepted = torchscan.onnx.check(model, strict=False)
+    accepted = torchscan.onnx.check(model, runtimes=("onnxruntime", "reference"), strict=False)
     assert (accepted.verdict, accepted.ok) == ("not compared", True)
     assert str(accepted).splitlines()[-1].endswith("(a single source was accepted)")
+
+
+def test_the_imported_module_is_a_second_runtime_where_onnxruntime_lacks_a_kernel() -> None:
+    # onnxruntime has no int16 Max-13; the reference evaluator and the imported module compute
+    # it, and are compared: a right model passes, and a wrong expected output fails both.
+    nodes = [oh.make_node("Max", ["h_in", "x_t"], ["h_out"], name="max")]
+    model = scan_model(nodes, TensorProto.INT16)
+    h0 = np.array([0, 5], np.int16)
+    xs = np.array([[1, 2], [-3, 7], [4, 1]], np.int16)
+    report = torchscan.onnx.check(model, inputs=[h0, xs])
+    assert (report.verdict, report.ok) == ("ok", True), report
+    assert {c.source: c.status for c in report.comparisons} == {
+        "reference": "baseline",
+        "torch": "ok",
+        "onnxruntime": "unsupported",
+        "onnxruntime-unoptimized": "unsupported",
+    }
+    assert report.independent == ("reference", "torch")
+    running_max = np.maximum.accumulate(np.concatenate([h0[None], xs]), axis=0)[1:]
+    only_torch = torchscan.onnx.check(
+        model, inputs=[h0, xs], expected=[running_max[-1], running_max], runtimes=("torch",)
+    )
+    assert only_torch.ok, only_torch
+    wrong = torchscan.onnx.check(
+        model, inputs=[h0, xs], expected=[running_max[-1], running_max + 1], runtimes=("torch",)
+    )
+    assert wrong.summary() == "FAILED: torch mismatch"
 
 
 def test_no_source_that_runs_the_model_is_said_plainly() -> None:
@@ -109,7 +136,7 @@ def test_one_runtime_asked_for_is_too_few_without_any_other_to_blame() -> None:
     )
 
 
-def test_an_operator_that_onnx_does_not_have_is_an_error_of_both_runtimes() -> None:
+def test_an_operator_that_onnx_does_not_have_is_an_error_of_every_runtime() -> None:
     model = scan_model([oh.make_node("NoSuchOp", ["h_in", "x_t"], ["h_out"])])
     report = torchscan.onnx.check(model)
     assert not report.ok
@@ -118,6 +145,8 @@ def test_an_operator_that_onnx_does_not_have_is_an_error_of_both_runtimes() -> N
         "onnxruntime": invalid,
         "onnxruntime-unoptimized": invalid,
         "reference": "No registered schema for operator 'NoSuchOp' and domain ''.",
+        "torch": "the model fails onnx.checker: No Op registered for NoSuchOp with "
+        "domain_version of 18",
     }
     assert [c.source for c in report.comparisons] == list(starts)
     for c in report.comparisons:
@@ -125,7 +154,9 @@ def test_an_operator_that_onnx_does_not_have_is_an_error_of_both_runtimes() -> N
         assert c.reason.startswith(starts[c.source])
     lines = str(report).splitlines()
     assert any(line.startswith("onnxruntime: error: [ONNXRuntimeError] : 10 : ") for line in lines)
-    assert lines[-1] == "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error"
+    assert lines[-1] == (
+        "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error, torch error"
+    )
 
 
 def test_an_operator_of_another_domain_is_not_supported_by_the_reference_evaluator() -> None:
@@ -139,10 +170,17 @@ def test_an_operator_of_another_domain_is_not_supported_by_the_reference_evaluat
         "reference: not supported by that runtime: Node type 'Gelu' from domain 'com.microsoft' "
         "is unknown, known functions: []."
     ) in lines
-    assert lines[-1].endswith("only onnxruntime ran (reference: not supported by that runtime)")
+    assert lines[-1].endswith(
+        "only onnxruntime ran (reference: not supported by that runtime; torch: not supported by "
+        "that runtime)"
+    )
+    assert (
+        "torch: not supported by that runtime: node #0 (com.microsoft.Gelu) of the body of node "
+        "'scan' (Scan-16): onnx knows no operator com.microsoft.Gelu at opset 1"
+    ) in lines
 
 
-def test_shapes_that_do_not_fit_are_an_error_of_both_runtimes() -> None:
+def test_shapes_that_do_not_fit_are_an_error_of_every_runtime() -> None:
     # h + c with c of 3 elements: both runtimes fail while running, and neither lacks anything.
     c = oh.make_tensor("c", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
     nodes = [oh.make_node("Add", ["h_in", "c"], ["h_out"])]
@@ -152,9 +190,10 @@ def test_shapes_that_do_not_fit_are_an_error_of_both_runtimes() -> None:
         "onnxruntime": "error",
         "onnxruntime-unoptimized": "error",
         "reference": "error",
+        "torch": "error",
     }
     assert report.summary() == (
-        "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error"
+        "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error, torch error"
     )
 
 
@@ -167,7 +206,8 @@ def test_a_mismatch_between_runtimes_that_ran_still_fails() -> None:
     )
     assert not report.ok
     assert report.summary() == (
-        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch"
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "torch mismatch"
     )
 
 

@@ -53,13 +53,16 @@ def test_a_loop_that_does_not_end_in_time_is_stopped_in_every_runtime() -> None:
         "onnxruntime": ("timeout", "timed out after 0.5 s"),
         "onnxruntime-unoptimized": ("timeout", "timed out after 0.5 s"),
         "reference": ("timeout", "timed out after 0.5 s"),
+        "torch": ("timeout", "timed out after 0.5 s"),
     }
     lines = str(report).splitlines()
-    assert lines[-4:] == [
+    assert lines[-5:] == [
         "onnxruntime: timed out after 0.5 s",
         "onnxruntime-unoptimized: timed out after 0.5 s",
         "reference: timed out after 0.5 s",
-        "FAILED: onnxruntime timed out, onnxruntime-unoptimized timed out, reference timed out",
+        "torch: timed out after 0.5 s",
+        "FAILED: onnxruntime timed out, onnxruntime-unoptimized timed out, reference timed out, "
+        "torch timed out",
     ]
     rows = [" ".join(line.strip("│ ").split()) for line in lines]
     assert "onnxruntime │ │ │ │ │ timed out" in rows
@@ -86,6 +89,7 @@ def test_a_pytorch_module_that_does_not_end_in_time_is_stopped() -> None:
         ("onnxruntime", "timeout"),
         ("onnxruntime-unoptimized", "timeout"),
         ("reference", "timeout"),
+        ("torch", "timeout"),
     ]
 
 
@@ -112,7 +116,7 @@ def test_the_start_up_of_a_child_process_does_not_count_against_the_time_limit(
     report = torchscan.onnx.check(model, timeout=1)
     assert time.monotonic() - start > 3  # two children, each 1.5 s to start
     assert report.ok, report
-    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok"]
+    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok", "ok"]
 
 
 def test_the_child_process_imports_neither_torch_nor_torchscan(tmp_path) -> None:
@@ -213,8 +217,10 @@ def test_a_module_without_args_runs_on_the_inputs() -> None:
         ("onnxruntime", "ok"),
         ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
+        ("torch", "ok"),
     ]
     wrong = torchscan.onnx.check(model, module=lambda h0, xs: (h0, xs), inputs=[h0, xs])
     assert wrong.summary() == (
-        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch"
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "torch mismatch"
     )

@@ -99,6 +99,7 @@ def test_an_onnx_backend_case_read_from_its_files_matches_its_expected_outputs(
         "onnxruntime": "ok",
         "onnxruntime-unoptimized": "ok",
         "reference": "ok",  # Scan-8 (test_scan_sum) too
+        "torch": "ok",  # sequences and optionals too
     }
 
 
@@ -115,6 +116,7 @@ def test_an_onnx_backend_case_passes_lint_and_matches_its_expected_outputs(name:
         "onnxruntime": "ok",
         "onnxruntime-unoptimized": "ok",
         "reference": "ok",  # Scan-8 (test_scan_sum) too
+        "torch": "ok",  # sequences and optionals too
     }
 
 
@@ -213,9 +215,9 @@ def test_a_torch_hop_scan_export_agrees_with_pytorch_in_both_runtimes(hop_export
     module, args, model = hop_export
     report = torchscan.onnx.check(model, module=module, args=args)
     assert report.ok, report
-    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok", "ok"]
+    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok", "ok", "ok"]
     assert [c.source for c in report.comparisons] == [
-        "pytorch", "onnxruntime", "onnxruntime-unoptimized", "reference"
+        "pytorch", "onnxruntime", "onnxruntime-unoptimized", "reference", "torch"
     ]  # fmt: skip
     assert all(d.max_abs < 1e-5 for c in report.comparisons[1:] for d in c.outputs)
 
@@ -241,6 +243,7 @@ def test_a_torchscan_export_agrees_with_pytorch(torchscan_export) -> None:
     assert [(c.source, c.status) for c in report.comparisons[2:]] == [
         ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
+        ("torch", "ok"),
     ]
 
 
@@ -302,7 +305,7 @@ def test_the_scan_inputs_of_one_scan_get_one_length_whatever_their_dimension_nam
     assert _random_shapes(model, U=6) == {"h0": (2,), "x0": (6, 2), "x1": (6, 2)}
     report = torchscan.onnx.check(model)
     assert report.ok, report
-    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok"]
+    assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok", "ok"]
 
 
 def test_a_scan_input_of_dynamic_length_gets_the_length_of_a_static_one() -> None:
@@ -363,6 +366,7 @@ def test_onnx_s_test_loop11_passes_on_random_inputs() -> None:
         "reference": "baseline",
         "onnxruntime": "ok",
         "onnxruntime-unoptimized": "ok",
+        "torch": "ok",
     }
     feeds = _random_inputs(backend_cases()["test_loop11"].model, {})
     assert (feeds["trip_count"].item(), feeds["cond"].item()) == (3, True)
@@ -389,19 +393,26 @@ def test_a_zero_length_scan_is_not_supported_and_does_not_end_the_process(
     torchscan_export,
 ) -> None:
     # onnxruntime 1.32 dies of SIGFPE on a zero-length scan along axis 1: it runs in a child.
-    # The reference evaluator runs it: one source, so nothing is compared.
+    # The reference evaluator and the imported module run it, and are compared.
     _, _, model = torchscan_export
     report = torchscan.onnx.check(model, dims={"T": 0})
-    assert (report.verdict, report.ok) == ("not compared", False), report
-    assert torchscan.onnx.check(model, dims={"T": 0}, strict=False).ok
+    assert (report.verdict, report.ok) == ("ok", True), report
     statuses = {c.source: c.status for c in report.comparisons}
     assert statuses == {
         "reference": "baseline",
         "onnxruntime": "unsupported",
         "onnxruntime-unoptimized": "unsupported",
+        "torch": "ok",
     }
-    for onnxruntime in report.comparisons[1:]:
+    for onnxruntime in report.comparisons[1:3]:
         assert onnxruntime.reason.startswith("an input has an empty dimension: ")
+    # Without the imported module, one source ran: nothing is compared.
+    without = torchscan.onnx.check(model, dims={"T": 0}, runtimes=("onnxruntime", "reference"))
+    assert (without.verdict, without.ok) == ("not compared", False), without
+    strict = torchscan.onnx.check(
+        model, dims={"T": 0}, runtimes=("onnxruntime", "reference"), strict=False
+    )
+    assert strict.ok
 
 
 def test_a_runtime_that_fails_on_a_broken_model_is_an_error() -> None:
@@ -440,11 +451,13 @@ def test_onnxruntime_does_not_run_int4() -> None:
         "reference": ("baseline", ""),
         "onnxruntime": unsupported,
         "onnxruntime-unoptimized": unsupported,
+        "torch": ("unsupported", "input 'h0': torch has no element type int4"),
     }
     assert report.summary() == (
         "NOT COMPARED: 1 Scan/Loop node checked, no findings; too few independent sources ran "
         "the model to compare outputs: only reference ran (onnxruntime: not supported by that "
-        "runtime; onnxruntime-unoptimized: not supported by that runtime)"
+        "runtime; onnxruntime-unoptimized: not supported by that runtime; torch: not supported "
+        "by that runtime)"
     )
     assert (
         "onnxruntime: not supported by that runtime: onnxruntime has no CPU kernels for int4"
@@ -480,7 +493,7 @@ def test_the_report_renders_as_tables_and_as_json() -> None:
         assert piece in text
     assert text.endswith(
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across expected, onnxruntime, "
-        "onnxruntime-unoptimized, reference\n"
+        "onnxruntime-unoptimized, reference, torch\n"
     )
     data = json.loads(report.to_json())
     assert data["ok"] is True

@@ -8,8 +8,10 @@ import torch
 
 from ._roundtrip import (
     OPSETS,
+    REEXPORT_OPSET,
     check_imported,
     check_onnxruntime,
+    check_reexported,
     check_reference,
     check_structure,
     check_valid,
@@ -44,6 +46,35 @@ def test_reference_evaluator_equals_eager(exported, models, name: str, opset: in
 def test_imported_module_equals_eager(exported, models, name: str, opset: int) -> None:
     """torchscan.onnx.to_torch of the export: the eager outputs and gradients."""
     check_imported(exported(f"theano:{name}", opset), models(f"theano:{name}"), CASES[name])
+
+
+NOT_REEXPORTED = [
+    "go-backwards-sequences-of-their-own-lengths",
+    "polynomial",
+    "positive-taps",
+    "taps-rnn",
+    "taps-until",
+    "tensor-n-steps",
+    "tensor-n-steps-go-backwards",
+]
+"""Models whose imported module torch.export cannot trace: a body or branch reads sizes or
+positions from values computed from the data (a Slice at the loop's iteration number), which the
+module computes eagerly only."""
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_imported_module_exports_again_as_the_same_loops(exported, models, name: str) -> None:
+    """The imported module, exported again at the same opset, has the same Scan, Loop and If
+    nodes, and onnxruntime computes the eager outputs with it; or torch.export refuses it."""
+    model = exported(f"theano:{name}", REEXPORT_OPSET)
+    if name in NOT_REEXPORTED:
+        with pytest.raises(
+            Exception,
+            match=r"torch\.export cannot trace it|Failed to export the model with torch\.export",
+        ):
+            check_reexported(model, models(f"theano:{name}"), CASES[name], REEXPORT_OPSET)
+        return
+    check_reexported(model, models(f"theano:{name}"), CASES[name], REEXPORT_OPSET)
 
 
 @pytest.mark.parametrize("opset", [18, OPSETS[-1]])

@@ -87,11 +87,13 @@ def check(
 
     Compare: the model runs in each of ``runtimes`` on the same inputs (onnxruntime twice: at
     its default graph optimization level, as users run it, as ``"onnxruntime"``, and with the
-    optimizations off, as ``"onnxruntime-unoptimized"``), and ``module(*args)`` runs eagerly
-    when a module is given. Every output is held against a baseline: ``expected`` (or the
-    ``output_*.pb`` files next to the inputs) where given, else PyTorch's outputs, else the
-    reference evaluator's, else onnxruntime's without and then with its optimizations (the
-    first of these that ran). An output agrees when every element ``a`` is within
+    optimizations off, as ``"onnxruntime-unoptimized"``; ``"reference"``, onnx's reference
+    evaluator; ``"torch"``, the module :func:`torchscan.onnx.to_torch` makes of the model, run
+    eagerly on the CPU), and ``module(*args)`` runs eagerly when a module is given. Every
+    output is held against a baseline: ``expected`` (or the ``output_*.pb`` files next to the
+    inputs) where given, else PyTorch's outputs, else the reference evaluator's, else the
+    imported module's, else onnxruntime's without and then with its optimizations (the first
+    of these that ran). An output agrees when every element ``a`` is within
     ``atol + rtol * |b|`` of the baseline's ``b`` (NaNs where the baseline has NaNs), with the
     same shape and element type. An output that depends on a random operator (``RandomNormal``,
     ``RandomNormalLike``, ``RandomUniform``, ``RandomUniformLike``, ``Bernoulli``,
@@ -100,7 +102,9 @@ def check(
     does not run a model (onnx's reference evaluator on an operator it does not implement, or
     on a loop that runs no step whose body does not declare the shapes of its scan outputs;
     onnxruntime where it has no kernel, its status NOT_IMPLEMENTED, and on 4-bit and 2-bit
-    types; either on a zero-length scan) is reported as not supported, which is not a failure;
+    types; either on a zero-length scan; ``"torch"`` where ``to_torch`` or torch does not
+    implement an operator, a version or an element type, ``OnnxImportError.not_implemented``)
+    is reported as not supported, which is not a failure;
     any other error of a runtime is.
     So is a source that does not end within ``timeout`` seconds: it is stopped, and reported as
     ``"timeout"``. Where fewer than two independent sources gave outputs (onnxruntime's two
@@ -135,7 +139,8 @@ def check(
       atol: the absolute tolerance, at least 0.
       rtol: the relative tolerance, at least 0.
       dims: sizes of named dynamic dimensions (``dim_param``) for random inputs.
-      runtimes: which of ``"onnxruntime"`` and ``"reference"`` to run; empty to lint only.
+      runtimes: which of ``"onnxruntime"``, ``"reference"`` and ``"torch"`` to run; empty to
+        lint only.
       timeout: the seconds each source (each runtime, and PyTorch) may run the model before it
         is stopped and reported as timed out; None for no limit. The limit is on the model's
         run: the start-up of a child process that onnxruntime runs in does not count. Under a
@@ -375,10 +380,18 @@ def compare(
     return tuple(comparisons)
 
 
-_BASELINE_ORDER = ("expected", "pytorch", "reference", "onnxruntime-unoptimized", "onnxruntime")
+_BASELINE_ORDER = (
+    "expected",
+    "pytorch",
+    "reference",
+    "torch",
+    "onnxruntime-unoptimized",
+    "onnxruntime",
+)
 """Which source that ran is the baseline: the outputs the user gave, PyTorch's, the reference
-evaluator's (the specification's semantics), then onnxruntime's with its graph optimizations off
-(the model as it is), and last onnxruntime's at its default level."""
+evaluator's (the specification's semantics), the model imported into PyTorch, then onnxruntime's
+with its graph optimizations off (the model as it is), and last onnxruntime's at its default
+level."""
 
 
 def _levels_differ(comparisons: Sequence[Comparison], names: Sequence[str]) -> tuple[str, ...]:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -30,6 +31,9 @@ time limit begins: see :meth:`Limit.starting` and :meth:`Limit.begin`."""
 GRACE = 2.0
 """Seconds a stopped source is given to end before the next one starts; one that does not (a
 single long operation in C) is left to end on its own, and does not hold up the check."""
+
+RESEND = 0.05
+"""Seconds between the stops sent to a source that has not ended yet."""
 
 
 class TimedOut(Exception):
@@ -88,13 +92,29 @@ class Limit:
     def _stop(self, thread: threading.Thread) -> None:
         with self._lock:
             self._stopped = True
-            stops, running = list(self._stops), self._running
-            if running and thread.ident is not None:  # under the lock: the thread is in run
+            stops = list(self._stops)
+        self._interrupt(thread)
+        for stop in stops:
+            _quietly(stop)
+
+    def _interrupt(self, thread: threading.Thread) -> None:
+        """Raise :class:`_Stopped` in ``thread`` while it is in ``run``."""
+        with self._lock:
+            if self._running and thread.ident is not None:  # under the lock: it is in run
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(thread.ident), ctypes.py_object(_Stopped)
                 )
-        for stop in stops:
-            _quietly(stop)
+
+    def _join(self, thread: threading.Thread) -> None:
+        """Wait up to :data:`GRACE` seconds for a stopped ``thread`` to end, raising
+        :class:`_Stopped` in it again every :data:`RESEND` seconds: Python drops an exception
+        raised in a callback that it calls for the interpreter (a weakref's, a ``__del__``), so
+        that a single one may be lost where the source frees objects as it runs."""
+        deadline = time.monotonic() + GRACE
+        while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            thread.join(min(RESEND, left))
+            if thread.is_alive():
+                self._interrupt(thread)
 
     def _leave(self) -> None:
         with self._lock:
@@ -128,7 +148,14 @@ def within(seconds: float | None, run: Callable[[Limit | None], T]) -> T:
             pass
 
     thread = threading.Thread(target=work, name="torchscan check", daemon=True)
-    thread.start()
+    with _stops_not_reported():
+        thread.start()
+        return _wait(thread, limit, seconds, outcome)
+
+
+def _wait(
+    thread: threading.Thread, limit: Limit, seconds: float, outcome: list[tuple[bool, object]]
+) -> Any:
     try:
         # The deadline moves where the source says when its model starts (Limit.begin).
         while thread.is_alive() and (remaining := limit.remaining()) > 0:
@@ -136,16 +163,36 @@ def within(seconds: float | None, run: Callable[[Limit | None], T]) -> T:
     except BaseException:  # Ctrl-C: stop the source, and let the interrupt go on
         limit._stop(thread)
         with contextlib.suppress(BaseException):  # a second Ctrl-C ends the wait
-            thread.join(GRACE)  # onnxruntime returns at once when told to terminate
+            limit._join(thread)  # onnxruntime returns at once when told to terminate
         raise
     if thread.is_alive() or not outcome:
         limit._stop(thread)
-        thread.join(GRACE)
+        limit._join(thread)
         raise TimedOut(seconds)
     done, value = outcome[0]
     if not done:
         raise value  # type: ignore[misc]
     return value  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _stops_not_reported() -> Iterator[None]:
+    """Python reports an exception raised in a callback it calls for the interpreter (a
+    weakref's, a ``__del__``) to ``sys.unraisablehook`` and drops it; a :class:`_Stopped` that
+    lands there is not reported (it is sent again, :meth:`Limit._join`). Other exceptions are
+    reported as before."""
+    prior = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, _Stopped):
+            prior(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        if sys.unraisablehook is hook:
+            sys.unraisablehook = prior
 
 
 def _checkpoint() -> None:

@@ -1,7 +1,8 @@
 """The runtimes ``check`` runs a model in: onnxruntime's CPU provider, at its default graph
 optimization level and with the optimizations off (:mod:`torchscan.onnx._check._ort`); onnx's
 reference evaluator with a ``Loop``, a ``Scan``, a ``ReduceLogSumExp`` and a ``GatherElements``
-that follow the specification (:func:`reference_ops`); and eager PyTorch. A runtime that does
+that follow the specification (:func:`reference_ops`); the model imported into PyTorch by
+``torchscan.onnx.to_torch`` (``"torch"``); and the user's eager PyTorch module. A runtime that does
 not run a model raises :class:`_Unsupported`, which is not a failure. onnxruntime runs in this
 process, except where a crash is plausible: on inputs with an empty dimension (onnxruntime 1.32
 ends the process with SIGFPE on some zero-length scans) and on models the lint found fault with.
@@ -26,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from torchscan.onnx._check import _ort
-from torchscan.onnx._check._inputs import _as_value
+from torchscan.onnx._check._inputs import _as_value, _numpy_to_torch
 from torchscan.onnx._check._limit import Limit
 from torchscan.onnx._check._load import LoadedModel
 from torchscan.onnx._check._ort import run_onnxruntime
@@ -38,9 +39,10 @@ from torchscan.onnx._check._reference_ops import (
     spec_scan,
 )
 
-RUNTIMES = ("onnxruntime", "reference")
-"""The ONNX runtimes ``check`` can run: onnxruntime's CPU provider, and
-``onnx.reference.ReferenceEvaluator``."""
+RUNTIMES = ("onnxruntime", "reference", "torch")
+"""The ONNX runtimes ``check`` can run: onnxruntime's CPU provider,
+``onnx.reference.ReferenceEvaluator``, and the model imported by ``torchscan.onnx.to_torch``
+run in eager PyTorch."""
 
 
 class _Unsupported(Exception):
@@ -78,6 +80,46 @@ def reference_ops() -> list[type]:
     Scan-8 included), ``ReduceLogSumExp`` and ``GatherElements``, and ``Scatter``, which it
     lacks (:mod:`torchscan.onnx._check._reference_ops`). Bodies get them too."""
     return [spec_loop(), spec_scan(), log_sum_exp(), gather_elements(), scatter()]
+
+
+# torchscan.onnx.to_torch ------------------------------------------------------------------------
+
+
+def _run_torch(
+    model: LoadedModel, feeds: dict[str, Any], _isolate: bool, _limit: Limit | None = None
+) -> list[Any]:
+    """The model's outputs computed by the module ``torchscan.onnx.to_torch`` makes of it, on
+    the CPU without autograd. What to_torch or torch does not implement (an operator, a version,
+    an element type) is :class:`_Unsupported`; any other error is the model's."""
+    import torch
+
+    from torchscan._errors import OnnxImportError
+    from torchscan.onnx._import import to_torch
+
+    try:
+        module = to_torch(model.proto)
+        args = [_as_torch(name, feeds[name]) for name in module.input_names]
+        with torch.no_grad():
+            out = module(*args)
+    except OnnxImportError as error:
+        reason = str(error).removeprefix("torchscan.onnx.to_torch: ")
+        if error.not_implemented:
+            raise _Unsupported(reason) from None
+        raise OnnxImportError(reason) from None
+    outputs = list(out) if len(module.output_names) > 1 else [out]
+    return [_as_value(value) for value in outputs]
+
+
+def _as_torch(name: str, value: Any) -> Any:
+    """A feed as the module takes it: a tensor (a copy), a list of them for a sequence, None
+    for an empty optional."""
+    import torch
+
+    converted = _numpy_to_torch(value)
+    for leaf in converted if isinstance(converted, list) else [converted]:
+        if leaf is not None and not isinstance(leaf, torch.Tensor):
+            raise _Unsupported(f"input '{name}': torch has no element type {leaf.dtype}")
+    return converted
 
 
 # onnxruntime ------------------------------------------------------------------------------------
@@ -200,10 +242,15 @@ _RUNNERS: dict[str, Callable[[LoadedModel, dict[str, Any], bool, Limit | None], 
     "onnxruntime": _onnxruntime_at("default"),
     "onnxruntime-unoptimized": _onnxruntime_at("unoptimized"),
     "reference": _run_reference,
+    "torch": _run_torch,
 }
 """Every source of outputs a runtime gives, by its name in reports."""
 
-SOURCES = {"onnxruntime": ("onnxruntime", "onnxruntime-unoptimized"), "reference": ("reference",)}
+SOURCES = {
+    "onnxruntime": ("onnxruntime", "onnxruntime-unoptimized"),
+    "reference": ("reference",),
+    "torch": ("torch",),
+}
 """The sources each of :data:`RUNTIMES` gives: onnxruntime runs the model at its default graph
 optimization level, as users run it, and with the optimizations off; the two are one runtime
 when counting how many independent runtimes ran the model."""

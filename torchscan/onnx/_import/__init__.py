@@ -7,7 +7,14 @@ import os
 import onnx
 
 from torchscan._errors import OnnxImportError, TorchscanTypeError
-from torchscan.onnx._import import _ops_control, _ops_math, _ops_shape  # noqa: F401 (registers)
+from torchscan.onnx._import import (  # noqa: F401 (registers)
+    _ops_control,
+    _ops_index,
+    _ops_math,
+    _ops_nn,
+    _ops_sequence,
+    _ops_shape,
+)
 from torchscan.onnx._import._graph import OnnxModule, compile_model
 from torchscan.onnx._import._registry import implemented
 

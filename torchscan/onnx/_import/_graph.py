@@ -27,6 +27,36 @@ from torchscan.onnx._import._types import torch_dtype
 
 _API = "the module of torchscan.onnx.to_torch"
 
+Known = tuple[list[Any], tuple[int, ...]]
+"""The values of a 0-D or 1-D integer tensor as Python integers (``torch.SymInt`` for sizes
+read while ``torch.export`` traces), and its shape."""
+
+_KNOWN: dict[int, tuple[torch.Tensor, Known]] = {}
+"""While the module is traced: the integer values known in Python of tensors in scope (shapes,
+axes, sizes, the integer constants of the model, and what is computed of them), by ``id``,
+the tensor kept with them so that a reused id is not taken for it."""
+
+
+def ints(values: torch.Tensor | None) -> list[Any]:
+    """The integers of a tensor that holds shapes, axes or sizes, as Python values. While
+    ``torch.export`` traces the module, a tensor whose values are known in Python (computed from
+    the model's constants and its inputs' shapes by :func:`_fold`) gives them, sizes as
+    ``torch.SymInt``: so that a ``Reshape`` to a shape computed from a dynamic dimension traces,
+    rather than reading a traced tensor's data."""
+    if values is None:
+        return []
+    entry = _KNOWN.get(id(values))
+    if entry is not None and entry[0] is values:
+        return list(entry[1][0])
+    if torch.compiler.is_compiling():
+        raise _NotTraceable
+    return [int(v) for v in values.reshape(-1).tolist()]
+
+
+class _NotTraceable(Exception):
+    """An implementation read sizes, axes or positions from a tensor whose values are not
+    known in Python while the module is traced: computed from the data."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Node:
@@ -42,9 +72,12 @@ class Node:
     attributes: Mapping[str, Any]
     where: str
 
-    def refuse(self, reason: str) -> OnnxImportError:
-        """The error of this node: names it, its operator and version, and the reason."""
-        return OnnxImportError(f"torchscan.onnx.to_torch: {self.where}: {reason}")
+    def refuse(self, reason: str, *, not_implemented: bool = False) -> OnnxImportError:
+        """The error of this node: names it, its operator and version, and the reason;
+        ``not_implemented`` where to_torch or torch lacks what the node needs."""
+        return OnnxImportError(
+            f"torchscan.onnx.to_torch: {self.where}: {reason}", not_implemented=not_implemented
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +90,8 @@ class Graph:
     outputs: tuple[str, ...]
     initializers: Mapping[str, str]
     nodes: tuple[Node, ...]
+    constants: Mapping[str, Known] = dataclasses.field(default_factory=dict)
+    """The values of its small integer initializers of rank 0 or 1, read while tracing."""
 
     def run(
         self, module: torch.nn.Module, inputs: Sequence[Any], outer: Mapping[str, Any] | None = None
@@ -69,12 +104,35 @@ class Graph:
             env[name] = getattr(module, attribute)
         for name, value in zip(self.inputs, inputs, strict=True):
             env[name] = value
+        if not torch.compiler.is_compiling():
+            return self._run_nodes(module, env)
+        added: list[int] = []
+        try:
+            for name, known in self.constants.items():
+                added.append(_remember(env[name], known))
+            return self._run_nodes(module, env, added)
+        finally:
+            for key in added:
+                _KNOWN.pop(key, None)
+
+    def _run_nodes(
+        self, module: torch.nn.Module, env: Any, added: list[int] | None = None
+    ) -> list[Any]:
+        """Run the nodes in ``env``; while tracing (``added`` a list), remember the values of
+        their outputs that are known in Python (:func:`_fold`)."""
         for node in self.nodes:
             args = [env[name] if name else None for name in node.inputs]
             try:
                 result = node.run(Call(node, module, env), *args)
             except OnnxImportError:
                 raise
+            except _NotTraceable:
+                raise node.refuse(
+                    "torch.export cannot trace it: it reads sizes, axes or positions from values "
+                    "computed from the data (a loop's iteration number, for one), not from "
+                    "shapes and constants. The module runs it eagerly.",
+                    not_implemented=True,
+                ) from None
             except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as error:
                 if torch.compiler.is_compiling():
                     raise  # torch's own errors of tracing, which it may handle
@@ -82,13 +140,18 @@ class Graph:
                 described = ", ".join(_describe(a) for a in args)
                 raise node.refuse(
                     f"torch cannot compute it on inputs ({described}): "
-                    f"{type(error).__name__}: {first}"
+                    f"{type(error).__name__}: {first}",
+                    not_implemented=isinstance(error, NotImplementedError),
                 ) from error
             if isinstance(result, torch.Tensor) or not isinstance(result, (list, tuple)):
                 result = (result,)
             for name, value in zip(node.outputs, result, strict=False):
                 if name:
                     env[name] = value
+            if added is not None and len(node.outputs) == 1:
+                known = _fold(node, args, result[0])
+                if known is not None:
+                    added.append(_remember(result[0], known))
         return [env[name] for name in self.outputs]
 
 
@@ -120,8 +183,8 @@ class Call:
             )
         return graph.run(self.module, inputs, self.env)
 
-    def refuse(self, reason: str) -> OnnxImportError:
-        return self.node.refuse(reason)
+    def refuse(self, reason: str, *, not_implemented: bool = False) -> OnnxImportError:
+        return self.node.refuse(reason, not_implemented=not_implemented)
 
 
 class _Compiler:
@@ -134,22 +197,30 @@ class _Compiler:
 
     def graph(self, graph: onnx.GraphProto, where: str) -> Graph:
         initializers: dict[str, str] = {}
+        constants: dict[str, Known] = {}
         for tensor in graph.initializer:
             attribute = self._attribute_name(tensor.name)
-            self.tensors[attribute] = torch.from_numpy(onnx.numpy_helper.to_array(tensor).copy())
+            value = torch.from_numpy(onnx.numpy_helper.to_array(tensor).copy())
+            self.tensors[attribute] = value
             initializers[tensor.name] = attribute
+            known = _constant(value)
+            if known is not None:
+                constants[tensor.name] = known
         for sparse in graph.sparse_initializer:
             raise OnnxImportError(
                 f"torchscan.onnx.to_torch: {where} has a sparse initializer "
-                f"'{sparse.values.name}', which to_torch does not implement"
+                f"'{sparse.values.name}', which to_torch does not implement",
+                not_implemented=True,
             )
         inputs = tuple(i.name for i in graph.input if i.name not in initializers)
         for value in graph.input:
             kind = value.type.WhichOneof("value")  # untyped, as a body's inputs may be
-            if value.name not in initializers and kind not in (None, "tensor_type"):
+            if value.name not in initializers and kind in ("map_type", "sparse_tensor_type"):
                 raise OnnxImportError(
-                    f"torchscan.onnx.to_torch: {where}: input '{value.name}' is not a tensor "
-                    "(sequences, maps and optionals are not implemented)"
+                    f"torchscan.onnx.to_torch: {where}: input '{value.name}' is a "
+                    f"{kind.removesuffix('_type').replace('_', ' ')} (maps and sparse tensors "
+                    "are not implemented)",
+                    not_implemented=True,
                 )
         nodes = tuple(self.node(node, i, where) for i, node in enumerate(graph.node))
         return Graph(
@@ -158,6 +229,7 @@ class _Compiler:
             tuple(o.name for o in graph.output),
             initializers,
             nodes,
+            constants,
         )
 
     def node(self, node: onnx.NodeProto, index: int, graph_where: str) -> Node:
@@ -169,7 +241,8 @@ class _Compiler:
         if version is None:
             raise OnnxImportError(
                 f"torchscan.onnx.to_torch: {label} ({op}) of {graph_where}: onnx knows no "
-                f"operator {op} at opset {opset}"
+                f"operator {op} at opset {opset}",
+                not_implemented=True,
             )
         where = f"{label} ({op}-{version}) of {graph_where}"
         run = _registry.lookup(domain, node.op_type, version)
@@ -179,7 +252,8 @@ class _Compiler:
             raise OnnxImportError(
                 f"torchscan.onnx.to_torch: {where}: {op}-{version} is not implemented{known}. "
                 "The operators and versions to_torch implements are listed in "
-                "docs/import.md."
+                "docs/import.md.",
+                not_implemented=True,
             )
         attributes: dict[str, Any] = {}
         for attribute in node.attribute:
@@ -188,11 +262,16 @@ class _Compiler:
                     attribute.g, f"the {attribute.name} of {label} ({op}-{version})"
                 )
             elif attribute.type == onnx.AttributeProto.GRAPHS:
-                raise OnnxImportError(f"torchscan.onnx.to_torch: {where}: graph lists")
+                raise OnnxImportError(
+                    f"torchscan.onnx.to_torch: {where}: attribute '{attribute.name}' is a list "
+                    "of graphs, which to_torch does not implement",
+                    not_implemented=True,
+                )
             elif attribute.ref_attr_name:
                 raise OnnxImportError(
                     f"torchscan.onnx.to_torch: {where}: attribute '{attribute.name}' refers to "
-                    "a function's attribute (functions are inlined first)"
+                    "a function's attribute (functions are inlined first)",
+                    not_implemented=True,
                 )
             else:
                 attributes[attribute.name] = _attribute_value(attribute)
@@ -230,6 +309,106 @@ def _attribute_value(attribute: onnx.AttributeProto) -> Any:
     if attribute.type == onnx.AttributeProto.TYPE_PROTO:
         return value
     return value
+
+
+_INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _constant(value: Any) -> Known | None:
+    """The values of a small integer tensor of rank 0 or 1, else None."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dtype in _INTEGERS
+        and value.dim() <= 1
+        and value.numel() <= 64
+    ):
+        return [int(v) for v in value.reshape(-1).tolist()], tuple(value.shape)
+    return None
+
+
+def _remember(tensor: Any, known: Known) -> int:
+    _KNOWN[id(tensor)] = (tensor, known)
+    return id(tensor)
+
+
+def _known(value: Any) -> Known | None:
+    entry = _KNOWN.get(id(value))
+    return entry[1] if entry is not None and entry[0] is value else None
+
+
+_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
+    "Add": lambda a, b: a + b,
+    "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b,
+    "Max": torch.sym_max,
+    "Min": torch.sym_min,
+}
+
+
+def _fold(node: Node, args: Sequence[Any], result: Any) -> Known | None:
+    """The values of a node's one output, in Python, where they follow from values known in
+    Python (:data:`_KNOWN`): ``Shape`` and ``Size`` of any tensor, small integer constants
+    (``Constant``), and ``Identity``, ``Cast`` to an integer type, ``Gather``, ``Concat``,
+    ``Slice``, ``Squeeze``, ``Unsqueeze``, ``Add``, ``Sub``, ``Mul``, ``Max`` and ``Min`` of
+    known 0-D and 1-D values. Anything else is not known (None): its consumers read the traced
+    tensor."""
+    op = node.op_type
+    if not isinstance(result, torch.Tensor) or result.dtype not in _INTEGERS or result.dim() > 1:
+        return None
+    if op == "Shape":
+        dims = list(args[0].shape)[node.attributes.get("start", 0) : node.attributes.get("end")]
+        return dims, (len(dims),)
+    if op == "Size":
+        return [args[0].numel()], ()
+    if op == "Constant":
+        value = node.attributes.get("value")
+        if value is None and "value_int" in node.attributes:
+            return [int(node.attributes["value_int"])], ()
+        if value is None and "value_ints" in node.attributes:
+            values = [int(v) for v in node.attributes["value_ints"]]
+            return values, (len(values),)
+        return _constant(value)
+    known = [None if a is None else _known(a) for a in args]
+    if any(k is None for k, a in zip(known, args, strict=True) if a is not None) or not known:
+        return None
+    first = known[0]
+    assert first is not None
+    if op == "Identity" or (op == "Cast" and result.dtype in _INTEGERS):
+        return first
+    if op in _ARITHMETIC and len(known) == 2 and known[1] is not None:
+        (a, a_shape), (b, b_shape) = first, known[1]
+        if len(a) != len(b) and 1 not in (len(a), len(b)):
+            return None
+        n = max(len(a), len(b))
+        a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
+        shape = a_shape if len(a_shape) >= len(b_shape) else b_shape
+        return [_ARITHMETIC[op](x, y) for x, y in zip(a, b, strict=True)], shape
+    if op == "Squeeze" and first[1] == (1,):
+        return first[0], ()
+    if op == "Unsqueeze" and first[1] == ():
+        return first[0], (1,)
+    if op == "Concat" and all(k is not None and len(k[1]) == 1 for k in known):
+        values = [v for k in known if k is not None for v in k[0]]
+        return values, (len(values),)
+    if op == "Gather" and len(first[1]) == 1 and node.attributes.get("axis", 0) in (0, -1):
+        indices = known[1]
+        assert indices is not None
+        n = len(first[0])
+        picked = [first[0][i + n if i < 0 else i] for i in indices[0]]
+        return picked, indices[1]
+    if op == "Slice" and len(first[1]) == 1 and len(known) >= 3:
+        starts, ends = known[1], known[2]
+        axes = known[3] if len(known) > 3 else None
+        steps = known[4] if len(known) > 4 else None
+        if starts is None or ends is None or len(starts[0]) != 1:
+            return None
+        if (axes is not None and axes[0] not in ([0], [-1])) or (
+            steps is not None and steps[0] != [1]
+        ):
+            return None
+        values = first[0][starts[0][0] : ends[0][0]]
+        return values, (len(values),)
+    return None
 
 
 class OnnxModule(torch.nn.Module):
@@ -318,4 +497,4 @@ def compile_model(model: onnx.ModelProto) -> OnnxModule:
     return _module_class(graph.inputs)(graph, compiler.tensors)
 
 
-__all__ = ["Call", "Graph", "Node", "OnnxModule", "compile_model", "torch_dtype"]
+__all__ = ["Call", "Graph", "Node", "OnnxModule", "compile_model", "ints", "torch_dtype"]

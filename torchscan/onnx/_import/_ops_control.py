@@ -33,7 +33,9 @@ def _in_node_words(call: Call, run: Callable[[], Any]) -> Any:
     except OnnxImportError:
         raise  # a node of the body, which it names
     except TorchscanError as error:
-        raise call.refuse(str(error)) from error
+        raise call.refuse(
+            str(error), not_implemented=isinstance(error, NotImplementedError)
+        ) from error
 
 
 @implements("Scan", 9, 11, 16, 19, 21, 23, 24, 25)
@@ -124,6 +126,8 @@ def loop(
         (trip_count is not None and int(trip_count) <= 0) or not bool(keep_going)
     ):
         return _no_iteration(call, keep_going, initial)
+    if any(not isinstance(value, torch.Tensor) for value in initial):
+        return _python_loop(call, trip_count, cond is not None, keep_going, initial)
 
     def body(i: torch.Tensor, carry: tuple[torch.Tensor, ...]) -> Any:
         cond_in, *values = carry
@@ -145,6 +149,30 @@ def loop(
         ),
     )
     return [*carry[1:], *ys]
+
+
+def _python_loop(
+    call: Call,
+    trip_count: torch.Tensor | None,
+    has_cond: bool,
+    keep_going: torch.Tensor,
+    initial: Sequence[Any],
+) -> list[Any]:
+    """A Loop that carries a sequence or an optional (whose length and element shapes may
+    change from one iteration to the next) as a Python loop, as the specification writes it."""
+    n = len(initial)
+    values, scans = list(initial), []
+    limit = None if trip_count is None else int(trip_count)
+    i = 0
+    while (limit is None or i < limit) and bool(keep_going):
+        outputs = call.run_graph("body", [torch.tensor(i), keep_going, *values])
+        if has_cond:
+            keep_going = outputs[0].reshape(()).to(torch.bool)
+        values = list(outputs[1 : 1 + n])
+        scans.append(outputs[1 + n :])
+        i += 1
+    stacked = [torch.stack([step[j] for step in scans]) for j in range(len(scans[0]))]
+    return [*values, *stacked]
 
 
 def _no_iteration(call: Call, cond: torch.Tensor, initial: Sequence[torch.Tensor]) -> list[Any]:

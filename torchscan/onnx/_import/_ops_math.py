@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torchscan.onnx._import._graph import Call
+from torchscan.onnx._import._graph import Call, ints
 from torchscan.onnx._import._registry import implements
 
 _UNARY: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...]]] = {
@@ -219,7 +219,7 @@ def is_inf(call: Call, x: torch.Tensor) -> torch.Tensor:
 
 @implements("Trilu", 14)
 def trilu(call: Call, x: torch.Tensor, k: torch.Tensor | None = None) -> torch.Tensor:
-    diagonal = 0 if k is None else int(k)
+    diagonal = 0 if k is None else ints(k)[0]
     if call.attribute("upper", 1):
         return torch.triu(x, diagonal)
     return torch.tril(x, diagonal)
@@ -267,7 +267,7 @@ def _reduction(
     def run(call: Call, x: torch.Tensor, axes: torch.Tensor | None = None) -> torch.Tensor:
         keep = bool(call.attribute("keepdims", 1))
         if axes_input:
-            chosen = [] if axes is None else [int(a) for a in axes.reshape(-1).tolist()]
+            chosen = ints(axes)
             if not chosen and call.attribute("noop_with_empty_axes", 0):
                 return x
         else:
@@ -369,7 +369,7 @@ def clip_6(call: Call, x: torch.Tensor) -> torch.Tensor:
 
 @implements("CumSum", 11, 14)
 def cumsum(call: Call, x: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
-    dim = int(axis) % max(x.dim(), 1)
+    dim = ints(axis)[0] % max(x.dim(), 1)
     if call.attribute("reverse", 0):
         x = x.flip(dim)
     out = torch.cumsum(x, dim, dtype=x.dtype)

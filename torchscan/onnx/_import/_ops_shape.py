@@ -9,19 +9,16 @@ import torch
 
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx._import._graph import Call
+from torchscan.onnx._import._graph import ints as _ints
 from torchscan.onnx._import._registry import implements
 from torchscan.onnx._import._types import torch_dtype
 
 _LATEST = (13, 14, 16, 19, 21, 23, 24, 25)
 
 
-def _ints(values: torch.Tensor | None) -> list[int]:
-    return [] if values is None else [int(v) for v in values.reshape(-1).tolist()]
-
-
 @implements("Identity", 1, *_LATEST)
-def identity(call: Call, x: Any) -> Any:
-    return x
+def identity(call: Call, x: Any) -> tuple[Any]:
+    return (x,)  # a 1-tuple: x may be a sequence, a list
 
 
 @implements("Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24, 25)
@@ -38,7 +35,10 @@ def constant(call: Call) -> torch.Tensor:
         if name in attributes:
             return torch.tensor(attributes[name], dtype=dtype)
     given = ", ".join(attributes) or "no value"
-    raise call.refuse(f"a Constant of {given} (strings and sparse tensors are not implemented)")
+    raise call.refuse(
+        f"a Constant of {given} (strings and sparse tensors are not implemented)",
+        not_implemented=True,
+    )
 
 
 @implements("ConstantOfShape", 9, 20, 21, 23, 24, 25)
@@ -52,7 +52,10 @@ def constant_of_shape(call: Call, shape: torch.Tensor) -> torch.Tensor:
 def cast(call: Call, x: torch.Tensor) -> torch.Tensor:
     dtype = torch_dtype(call.attribute("to"))
     if dtype is None:
-        raise call.refuse(f"a Cast to element type {call.attribute('to')}, which torch lacks")
+        raise call.refuse(
+            f"a Cast to element type {call.attribute('to')}, which torch lacks",
+            not_implemented=True,
+        )
     return x.to(dtype)
 
 
@@ -64,8 +67,8 @@ def cast_like(call: Call, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 @implements("Reshape", 5, 13, 14, 19, 21, 23, 24, 25)
 def reshape(call: Call, x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
     target = _ints(shape)
-    if not call.attribute("allowzero", 0):
-        target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
+    if not call.attribute("allowzero", 0):  # a 0 copies the input's size (sizes: never 0 here)
+        target = [x.shape[i] if isinstance(d, int) and d == 0 else d for i, d in enumerate(target)]
     return x.reshape(target)
 
 
@@ -244,5 +247,7 @@ def dropout(
     call: Call, x: torch.Tensor, ratio: Any = None, training: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if training is not None and bool(training):
-        raise call.refuse("Dropout in training mode (a random mask) is not implemented")
+        raise call.refuse(
+            "Dropout in training mode (a random mask) is not implemented", not_implemented=True
+        )
     return x.clone(), torch.ones(x.shape, dtype=torch.bool)
