@@ -525,7 +525,15 @@ def test_a_check_that_compared_nothing_passes_with_allow_single_source(tmp_path:
     from .onnx.test_check_random import noisy_scan
 
     onnx.save(noisy_scan(opset=22, reverse=True), tmp_path / "noisy.onnx")
-    done = torchscan("check", "noisy.onnx", "--allow-single-source", "--json", cwd=tmp_path)
+    done = torchscan(
+        "check",
+        "noisy.onnx",
+        "--runtimes",
+        "onnxruntime,reference",
+        "--allow-single-source",
+        "--json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert (report["status"], report["ok"], report["strict"]) == ("not compared", True, False)
@@ -730,7 +738,7 @@ def test_a_model_that_draws_noise_exits_0_with_its_random_output_not_compared(
     assert "onnxruntime │ total │ () │ 0 │ 0 │ ok" in rows
     assert done.stdout.splitlines()[-1] == (
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across reference, onnxruntime, "
-        "onnxruntime-unoptimized; values not compared: random (ys, shifted)"
+        "onnxruntime-unoptimized, torch; values not compared: random (ys, shifted)"
     )
 
 

@@ -153,10 +153,10 @@ case, so that the first export is shared)."""
 
 
 def _loop_nodes(graph: onnx.GraphProto) -> list[str]:
-    """The Scan, Loop and If nodes of a graph and its bodies, by operator, sorted."""
+    """The Scan and Loop nodes of a graph and its bodies, by operator, sorted."""
     found = []
     for node in graph.node:
-        if node.op_type in ("Scan", "Loop", "If"):
+        if node.op_type in ("Scan", "Loop"):
             found.append(node.op_type)
         for attribute in node.attribute:
             for body in [attribute.g] if attribute.HasField("g") else attribute.graphs:
@@ -168,8 +168,10 @@ def check_reexported(
     model: onnx.ModelProto, eager: torch.nn.Module, case: Case, opset: int
 ) -> None:
     """``torch.onnx.export`` of ``torchscan.onnx.to_torch`` of the export, at the same opset and
-    with the same dynamic dimensions, has the same Scan, Loop and If nodes (one Scan stays one
-    Scan), and onnxruntime computes the eager model's outputs with it at every run length."""
+    with the same dynamic dimensions, has the same Scan and Loop nodes (one Scan stays one Scan;
+    an If may be added where torchscan guards a loop that may run no step, as it does for a
+    length it cannot tell is positive), and onnxruntime computes the eager model's outputs with
+    it at every run length."""
     from .._export import onnx_export
 
     module = to_torch(model)

@@ -17,6 +17,8 @@ CASES = {
     **{f"theano:{name}": case for name, case in THEANO_CASES.items()},
 }
 
+collect_ignore = ["data"]  # fixtures and the scripts that made them (another environment's)
+
 _models: dict[str, torch.nn.Module] = {}
 _exports: dict[tuple[str, int], onnx.ModelProto | Exception] = {}
 

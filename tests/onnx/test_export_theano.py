@@ -49,10 +49,7 @@ def test_imported_module_equals_eager(exported, models, name: str, opset: int) -
 
 
 NOT_REEXPORTED = [
-    "go-backwards-sequences-of-their-own-lengths",
-    "polynomial",
     "positive-taps",
-    "taps-rnn",
     "taps-until",
     "tensor-n-steps",
     "tensor-n-steps-go-backwards",
@@ -64,8 +61,8 @@ module computes eagerly only."""
 
 @pytest.mark.parametrize("name", NAMES)
 def test_imported_module_exports_again_as_the_same_loops(exported, models, name: str) -> None:
-    """The imported module, exported again at the same opset, has the same Scan, Loop and If
-    nodes, and onnxruntime computes the eager outputs with it; or torch.export refuses it."""
+    """The imported module, exported again at the same opset, has the same Scan and Loop nodes,
+    and onnxruntime computes the eager outputs with it; or torch.export refuses it."""
     model = exported(f"theano:{name}", REEXPORT_OPSET)
     if name in NOT_REEXPORTED:
         with pytest.raises(

@@ -221,16 +221,22 @@ def test_torchscan_check_passes(zoo_case: str, opset: int, tmp_path: Path) -> No
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         status = torchscan_main(["check", str(path), "--inputs", str(inputs)])
+    assert status == 0, out.getvalue()
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("OK:"), last
+    assert "torch" in last.split(";")[1], last
     if not _onnxruntime_lacks_a_kernel(model):
-        assert status == 0, out.getvalue()
         return
-    # Only the reference evaluator runs it: not compared, unless one source is accepted.
+    # onnxruntime does not run it: the reference evaluator and the imported module are compared.
+    # Without the imported module, one source: not compared, unless one source is accepted.
+    only = ["check", str(path), "--inputs", str(inputs), "--runtimes", "onnxruntime,reference"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        status = torchscan_main(only)
     assert status == 3, out.getvalue()
     assert "NOT COMPARED" in out.getvalue().splitlines()[-1]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        status = torchscan_main(
-            ["check", str(path), "--inputs", str(inputs), "--allow-single-source"]
-        )
+        status = torchscan_main([*only, "--allow-single-source"])
     assert status == 0, out.getvalue()
 
 

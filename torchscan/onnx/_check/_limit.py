@@ -33,7 +33,8 @@ GRACE = 2.0
 single long operation in C) is left to end on its own, and does not hold up the check."""
 
 RESEND = 0.05
-"""Seconds between the stops sent to a source that has not ended yet."""
+"""Seconds between the stops sent to a source that has not ended yet, and between two readings
+of the deadline of one that runs."""
 
 
 class TimedOut(Exception):
@@ -157,9 +158,10 @@ def _wait(
     thread: threading.Thread, limit: Limit, seconds: float, outcome: list[tuple[bool, object]]
 ) -> Any:
     try:
-        # The deadline moves where the source says when its model starts (Limit.begin).
+        # The deadline moves where the source says when its model starts (Limit.begin): it is
+        # read again every RESEND seconds.
         while thread.is_alive() and (remaining := limit.remaining()) > 0:
-            thread.join(min(remaining, threading.TIMEOUT_MAX))
+            thread.join(min(remaining, RESEND))
     except BaseException:  # Ctrl-C: stop the source, and let the interrupt go on
         limit._stop(thread)
         with contextlib.suppress(BaseException):  # a second Ctrl-C ends the wait

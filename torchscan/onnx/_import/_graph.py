@@ -48,8 +48,8 @@ def ints(values: torch.Tensor | None) -> list[Any]:
     entry = _KNOWN.get(id(values))
     if entry is not None and entry[0] is values:
         return list(entry[1][0])
-    if torch.compiler.is_compiling():
-        raise _NotTraceable
+    if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():
+        raise _NotTraceable  # (TorchDynamo, tracing a branch of torch.cond, reads the data)
     return [int(v) for v in values.reshape(-1).tolist()]
 
 
@@ -104,7 +104,9 @@ class Graph:
             env[name] = getattr(module, attribute)
         for name, value in zip(self.inputs, inputs, strict=True):
             env[name] = value
-        if not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling() or torch.compiler.is_dynamo_compiling():
+            # eager; or a branch of torch.cond, which TorchDynamo traces, and where the values
+            # known in Python are not kept (a change to a dict outside the branch)
             return self._run_nodes(module, env)
         added: list[int] = []
         try:
@@ -349,9 +351,9 @@ def _fold(node: Node, args: Sequence[Any], result: Any) -> Known | None:
     """The values of a node's one output, in Python, where they follow from values known in
     Python (:data:`_KNOWN`): ``Shape`` and ``Size`` of any tensor, small integer constants
     (``Constant``), and ``Identity``, ``Cast`` to an integer type, ``Gather``, ``Concat``,
-    ``Slice``, ``Squeeze``, ``Unsqueeze``, ``Add``, ``Sub``, ``Mul``, ``Max`` and ``Min`` of
-    known 0-D and 1-D values. Anything else is not known (None): its consumers read the traced
-    tensor."""
+    ``Slice``, ``Squeeze``, ``Unsqueeze``, ``Reshape`` (of one value), ``Add``, ``Sub``,
+    ``Mul``, ``Max`` and ``Min`` of known 0-D and 1-D values. Anything else is not known
+    (None): its consumers read the traced tensor."""
     op = node.op_type
     if not isinstance(result, torch.Tensor) or result.dtype not in _INTEGERS or result.dim() > 1:
         return None
@@ -383,6 +385,8 @@ def _fold(node: Node, args: Sequence[Any], result: Any) -> Known | None:
         a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
         shape = a_shape if len(a_shape) >= len(b_shape) else b_shape
         return [_ARITHMETIC[op](x, y) for x, y in zip(a, b, strict=True)], shape
+    if op == "Reshape" and len(first[0]) == 1:  # one value, as a 0-D or a 1-D tensor
+        return first[0], (1,) * result.dim()
     if op == "Squeeze" and first[1] == (1,):
         return first[0], ()
     if op == "Unsqueeze" and first[1] == ():

@@ -206,8 +206,9 @@ def if_(call: Call, cond: torch.Tensor) -> list[torch.Tensor]:
     """``If``: the branch the condition picks; traced (by ``torch.export``), ``torch.cond``,
     which exports as an ``If``."""
     if torch.compiler.is_compiling():
-        then_out = lambda: tuple(call.run_graph("then_branch", []))  # noqa: E731
-        else_out = lambda: tuple(call.run_graph("else_branch", []))  # noqa: E731
+        # torch.cond's branches may not return their inputs or views of them: copies
+        then_out = lambda: tuple(v.clone() for v in call.run_graph("then_branch", []))  # noqa: E731
+        else_out = lambda: tuple(v.clone() for v in call.run_graph("else_branch", []))  # noqa: E731
         return list(torch.cond(cond.reshape(()), then_out, else_out, ()))
     branch = "then_branch" if bool(cond) else "else_branch"
     return call.run_graph(branch, [])

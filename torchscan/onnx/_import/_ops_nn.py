@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from torchscan import scan
+from torchscan._scan import scan
 from torchscan.onnx._import._graph import Call
 from torchscan.onnx._import._graph import ints as _ints
 from torchscan.onnx._import._registry import implements

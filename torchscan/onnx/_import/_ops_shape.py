@@ -179,9 +179,12 @@ def slice_(
     chosen = _ints(axes) if axes is not None else list(range(len(begin)))
     stride = _ints(steps) if steps is not None else [1] * len(begin)
     try:
-        return _slice(x, begin, end, chosen, stride)
+        part = _slice(x, begin, end, chosen, stride)
     except TorchscanValueError as error:
         raise call.refuse(str(error)) from None
+    # Traced, a copy: two slices of one tensor read by a branch would alias, which torch.cond
+    # refuses (and a copy costs nothing in the exported graph).
+    return part.clone() if torch.compiler.is_compiling() else part
 
 
 @implements("Slice", 1)
