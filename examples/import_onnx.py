@@ -3,7 +3,8 @@
 An Elman RNN written with ``torchscan.scan`` is exported to ONNX (one ``Scan`` node), imported
 back with ``torchscan.onnx.to_torch``, checked against the original at another length, trained
 a few steps (its initializers are parameters), and exported again: still one ``Scan``, which
-onnxruntime runs at any length.
+onnxruntime runs at any length, and which ``torchscan check`` compares across onnxruntime, onnx's
+reference evaluator and the module imported from it.
 """
 
 from __future__ import annotations
@@ -64,3 +65,10 @@ with torch.no_grad():
     difference = (torch.from_numpy(ys) - module(longer, h)[1]).abs().max().item()
 print(f"onnxruntime at length 12: largest difference to the fine-tuned module {difference:.1e}")
 assert difference < 1e-5
+
+# torchscan check runs the imported module as a runtime of its own ("torch"), next to
+# onnxruntime and onnx's reference evaluator, on the model exported again.
+report = torchscan.onnx.check(again, inputs=[longer.numpy(), h.numpy()])
+print(report.summary())
+assert report.ok
+assert {c.source: c.status for c in report.comparisons}["torch"] == "ok"

@@ -152,6 +152,14 @@ REEXPORT_OPSET = 18 if 18 in OPSETS else max(OPSETS)
 case, so that the first export is shared)."""
 
 
+def reexported_sample(names: list[str], refused: list[str]) -> list[str]:
+    """The models whose imported module the test command exports again: every third one, and
+    every one that is refused; all of them with ``TORCHSCAN_TEST_ALL_OPSETS=1``."""
+    if EVERY_PAIR:
+        return list(names)
+    return [name for index, name in enumerate(names) if index % 3 == 0 or name in refused]
+
+
 def _loop_nodes(graph: onnx.GraphProto) -> list[str]:
     """The Scan and Loop nodes of a graph and its bodies, by operator, sorted."""
     found = []

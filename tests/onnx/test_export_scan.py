@@ -24,6 +24,7 @@ from ._roundtrip import (
     check_valid,
     opset_pairs,
     pair_ids,
+    reexported_sample,
 )
 from ._runtimes import assert_outputs_close, eager_outputs, nodes, run_onnxruntime
 
@@ -69,7 +70,7 @@ positions from values computed from the data (a Slice at the loop's iteration nu
 module computes eagerly only."""
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", reexported_sample(NAMES, NOT_REEXPORTED))
 def test_imported_module_exports_again_as_the_same_loops(exported, models, name: str) -> None:
     """The imported module, exported again at the same opset, has the same Scan and Loop nodes,
     and onnxruntime computes the eager outputs with it; or torch.export refuses it."""

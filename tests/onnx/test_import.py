@@ -355,11 +355,21 @@ def scan_models(draw):
 @hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
 @hypothesis.given(problem=scan_models())
 def test_scan_attributes_compute_as_onnxruntime(problem) -> None:
+    """Against onnxruntime at both levels, and the specification's pseudo-code (the reference
+    evaluator with the check tool's Scan, which follows it line by line)."""
+    import onnx.reference
+
+    from torchscan.onnx._check._runtimes import reference_ops
+
     model, feeds = problem
     module = torchscan.onnx.to_torch(model)
     got = module(**{name: torch.from_numpy(value) for name, value in feeds.items()})
     got = [got] if isinstance(got, torch.Tensor) else list(got)
-    for level, outputs in run_onnxruntime_on(model, feeds).items():
+    runs = dict(run_onnxruntime_on(model, feeds))
+    runs["spec"] = onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops()).run(
+        None, feeds
+    )
+    for level, outputs in runs.items():
         assert len(outputs) == len(got)
         for value, want in zip(got, outputs, strict=True):
             np.testing.assert_allclose(

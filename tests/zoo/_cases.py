@@ -71,6 +71,9 @@ class ZooCase:
     """Indices of the float inputs to take gradients with respect to."""
     random: bool = False
     """The model draws random numbers: runtimes cannot match eager value for value."""
+    stops_gradients: bool = False
+    """The model detaches values (``.detach()``, ``torch.no_grad()``): ONNX has no stop-gradient,
+    so a module imported from its export differentiates through them."""
     atol: float = 1e-5
     rtol: float = 1e-4
 
@@ -1560,6 +1563,7 @@ register(
         txl_oracle,
         {"Scan": 1},
         grad_inputs=(0, 1),
+        stops_gradients=True,
     )
 )
 

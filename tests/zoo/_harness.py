@@ -1,4 +1,4 @@
-"""The four points every zoo case is held to, as test functions.
+"""The five points every zoo case is held to, as test functions.
 
 A test file of the zoo imports these functions and names its cases in ``NAMES``; ``conftest.py``
 parametrizes them over those cases (and the opsets). Every model is exported once per opset and
@@ -12,7 +12,9 @@ worker process (``exported``).
    graph at two example lengths (nothing unrolled);
 3. onnxruntime against eager at lengths 1, 2 and a longer one (length 1 makes every scan over
    ``xs[1:]`` empty);
-4. ``torchscan check`` on the model, with the inputs it was exported with, exits 0.
+4. ``torchscan.onnx.to_torch`` of the model against eager at lengths 1, 2 and a longer one, and
+   its gradients to the float inputs against eager's;
+5. ``torchscan check`` on the model, with the inputs it was exported with, exits 0.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.utils._pytree as pytree
 
 from torchscan import TorchscanWarning
 from torchscan._cli import main as torchscan_main
+from torchscan.onnx import to_torch
 
 from .._export import onnx_export
 from ..onnx._runtimes import nodes, run_onnxruntime_on
@@ -111,13 +114,22 @@ def run(case: ZooCase, module: torch.nn.Module, inputs: tuple, oracle: bool = Fa
     return case.oracle(module, inputs) if oracle else module(*inputs)
 
 
-def feeds(module: torch.nn.Module, model: onnx.ModelProto, inputs: tuple) -> dict:
-    """The model's inputs by name: matched to ``forward``'s parameters by name, else by position
-    (torch.onnx lower-cases some names: ``X`` becomes ``x``)."""
+def graph_inputs(module: torch.nn.Module, model: onnx.ModelProto, inputs: tuple) -> list:
+    """The model's inputs in its order: ``forward``'s arguments matched by name, else by
+    position (torch.onnx lower-cases some names: ``X`` becomes ``x``)."""
     by_name = dict(zip(inspect.signature(module.forward).parameters, inputs, strict=False))
-    return {
-        info.name: (by_name[info.name] if info.name in by_name else inputs[i]).detach().numpy()
+    return [
+        by_name[info.name] if info.name in by_name else inputs[i]
         for i, info in enumerate(model.graph.input)
+    ]
+
+
+def feeds(module: torch.nn.Module, model: onnx.ModelProto, inputs: tuple) -> dict:
+    """The model's inputs by name, as numpy arrays (:func:`graph_inputs`)."""
+    values = graph_inputs(module, model, inputs)
+    return {
+        info.name: value.detach().numpy()
+        for info, value in zip(model.graph.input, values, strict=True)
     }
 
 
@@ -209,7 +221,56 @@ def test_onnxruntime_matches_eager(zoo_case: str, opset: int) -> None:
                 assert_close(actual, expected, case, what)
 
 
-# -- 4. torchscan check ------------------------------------------------------------------------
+# -- 4. imported back into PyTorch -----------------------------------------------------------
+
+
+def test_imported_module_matches_eager(zoo_case: str, opset: int) -> None:
+    """``torchscan.onnx.to_torch`` of the export computes the eager outputs at lengths 1, 2 and a
+    longer one, and the eager gradients to the float inputs at the export length."""
+    case, module = CASES[zoo_case], module_of(zoo_case)
+    model = exported(zoo_case, opset)
+    imported = to_torch(model)
+    single = len(model.graph.output) == 1
+    for length in (1, 2, case.run_lengths[-1]):
+        inputs = case.inputs(length)
+        with torch.no_grad():
+            expected = tensors(run(case, module, inputs))
+            actual = imported(*graph_inputs(module, model, inputs))
+        actual = [actual] if single else list(actual)
+        what = f"{zoo_case} at opset {opset}, length {length}, imported"
+        if case.random:  # another generator: the same shapes and types
+            assert [a.shape for a in actual] == [e.shape for e in expected], what
+        else:
+            assert_close(actual, expected, case, what)
+    if case.random or case.stops_gradients or not case.grad_inputs:
+        return
+    inputs = case.inputs(case.export_length)
+    grads = []
+    for through_import in (False, True):
+        args = tuple(
+            x.detach().clone().requires_grad_(i in case.grad_inputs) for i, x in enumerate(inputs)
+        )
+        if through_import:
+            outputs = imported(*graph_inputs(module, model, args))
+            outputs = [outputs] if single else list(outputs)
+        else:
+            outputs = tensors(run(case, module, args))
+        weights = torch.Generator().manual_seed(42)
+        loss = sum(
+            (torch.where(o.isfinite(), o, 0.0) * torch.randn(o.shape, generator=weights)).sum()
+            for o in outputs
+            if o.requires_grad
+        )
+        loss.backward()
+        grads.append([args[i].grad for i in case.grad_inputs])
+    for index, want, got in zip(case.grad_inputs, grads[0], grads[1], strict=True):
+        what = f"{zoo_case} at opset {opset}, imported: gradient of input {index}"
+        assert (got is None) == (want is None), f"{what}: {got} where eager has {want}"
+        if want is not None:
+            assert_close([got], [want], case, what, GRAD_ATOL, GRAD_RTOL)
+
+
+# -- 5. torchscan check ------------------------------------------------------------------------
 
 
 def test_torchscan_check_passes(zoo_case: str, opset: int, tmp_path: Path) -> None:
@@ -256,6 +317,7 @@ __all__ = [
     "test_eager_gradients_match_oracle",
     "test_export_has_one_loop_node_per_call",
     "test_export_is_not_unrolled",
+    "test_imported_module_matches_eager",
     "test_onnxruntime_matches_eager",
     "test_torchscan_check_passes",
 ]

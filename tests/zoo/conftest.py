@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..onnx._roundtrip import opset_pairs
+from ..onnx._roundtrip import EVERY_PAIR, opset_pairs
 from ._cases import CASES
 from ._harness import OPSETS
 
@@ -27,6 +27,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for name, opset in opset_pairs(list(names), OPSETS)
         if (name, opset, metafunc.function.__name__) not in outside
     ]
+    if metafunc.function.__name__ == "test_imported_module_matches_eager" and not EVERY_PAIR:
+        # one opset per case (18, which every case exports): the module's computation is the
+        # same whatever the opset, which the other points check
+        pairs = [(name, opset) for name, opset in pairs if opset == 18]
     metafunc.parametrize(("zoo_case", "opset"), pairs, ids=[f"{n}-{o}" for n, o in pairs])
 
 

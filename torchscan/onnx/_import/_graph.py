@@ -11,10 +11,12 @@ subgraph reads the values of the graphs around it by name, as ONNX scopes them.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import dataclasses
 import keyword
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -51,6 +53,30 @@ def ints(values: torch.Tensor | None) -> list[Any]:
     if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():
         raise _NotTraceable  # (TorchDynamo, tracing a branch of torch.cond, reads the data)
     return [int(v) for v in values.reshape(-1).tolist()]
+
+
+_PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("probing", default=False)
+"""Set while a body runs on fake tensors to find the shapes of its outputs (a Loop that runs no
+iteration): its sizes are read as while traced."""
+
+
+@contextlib.contextmanager
+def probing(scope: Mapping[str, Any]) -> Iterator[None]:
+    """Run bodies on fake tensors with the values known in Python (see :data:`_PROBING`): the
+    small integer tensors of ``scope``, the values around the body, whose data a fake tensor
+    does not give."""
+    token = _PROBING.set(True)
+    added = []
+    for value in scope.values():
+        known = _constant(value)
+        if known is not None and _known(value) is None:
+            added.append(_remember(value, known))
+    try:
+        yield
+    finally:
+        _PROBING.reset(token)
+        for key in added:
+            _KNOWN.pop(key, None)
 
 
 class _NotTraceable(Exception):
@@ -92,6 +118,9 @@ class Graph:
     nodes: tuple[Node, ...]
     constants: Mapping[str, Known] = dataclasses.field(default_factory=dict)
     """The values of its small integer initializers of rank 0 or 1, read while tracing."""
+    output_types: tuple[tuple[torch.dtype, tuple[int, ...]] | None, ...] = ()
+    """The dtype and shape its outputs declare, where they declare a tensor of a static shape
+    (else None)."""
 
     def run(
         self, module: torch.nn.Module, inputs: Sequence[Any], outer: Mapping[str, Any] | None = None
@@ -104,7 +133,8 @@ class Graph:
             env[name] = getattr(module, attribute)
         for name, value in zip(self.inputs, inputs, strict=True):
             env[name] = value
-        if not torch.compiler.is_compiling() or torch.compiler.is_dynamo_compiling():
+        traced = torch.compiler.is_compiling() or _PROBING.get()
+        if not traced or torch.compiler.is_dynamo_compiling():
             # eager; or a branch of torch.cond, which TorchDynamo traces, and where the values
             # known in Python are not kept (a change to a dict outside the branch)
             return self._run_nodes(module, env)
@@ -232,6 +262,7 @@ class _Compiler:
             initializers,
             nodes,
             constants,
+            tuple(_static_type(o.type) for o in graph.output),
         )
 
     def node(self, node: onnx.NodeProto, index: int, graph_where: str) -> Node:
@@ -311,6 +342,17 @@ def _attribute_value(attribute: onnx.AttributeProto) -> Any:
     if attribute.type == onnx.AttributeProto.TYPE_PROTO:
         return value
     return value
+
+
+def _static_type(type_: onnx.TypeProto) -> tuple[torch.dtype, tuple[int, ...]] | None:
+    """The dtype and shape of a declared tensor type whose every dimension is a number."""
+    if not type_.HasField("tensor_type") or not type_.tensor_type.HasField("shape"):
+        return None
+    dtype = torch_dtype(type_.tensor_type.elem_type)
+    dims = type_.tensor_type.shape.dim
+    if dtype is None or not all(d.HasField("dim_value") for d in dims):
+        return None
+    return dtype, tuple(d.dim_value for d in dims)
 
 
 _INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)

@@ -17,7 +17,7 @@ from torchscan._errors import OnnxImportError, TorchscanError
 from torchscan._loop import loop as torchscan_loop
 from torchscan._scan import scan as torchscan_scan
 from torchscan._until import until
-from torchscan.onnx._import._graph import Call, Graph
+from torchscan.onnx._import._graph import Call, Graph, probing
 from torchscan.onnx._import._registry import implements
 
 
@@ -177,27 +177,36 @@ def _python_loop(
 
 def _no_iteration(call: Call, cond: torch.Tensor, initial: Sequence[torch.Tensor]) -> list[Any]:
     """A Loop that runs no iteration: its initial values, and scan outputs of length 0 whose
-    element shapes are those the body gives at the first iteration, where it runs on the
-    initial values; else (its first iteration would fail) those torchscan finds on fake
-    tensors."""
+    element shapes are those the body declares for them, where it declares static ones; else
+    those the body gives at the first iteration, where it runs on the initial values; else (its
+    first iteration would fail) those torchscan finds on fake tensors."""
     n = len(initial)
+    body: Graph = call.node.attributes["body"]
+    declared = body.output_types[1 + n :]
+    if all(d is not None for d in declared):
+        device = initial[0].device if initial else None
+        return [
+            *initial,
+            *(torch.empty((0, *d[1]), dtype=d[0], device=device) for d in declared if d),
+        ]
     try:
         outputs = call.run_graph("body", [torch.tensor(0), cond, *initial])
     except Exception:  # the first iteration reads what is not there: shapes from fake tensors
-        return _in_node_words(
-            call,
-            lambda: [
-                *initial,
-                *torchscan_loop(
-                    lambda i, carry: (
-                        carry,
-                        list(call.run_graph("body", [i, cond, *carry])[1 + n :]),
-                    ),
-                    tuple(initial),
-                    trip_count=0,
-                )[1],
-            ],
-        )
+        with probing(call.env):
+            return _in_node_words(
+                call,
+                lambda: [
+                    *initial,
+                    *torchscan_loop(
+                        lambda i, carry: (
+                            carry,
+                            list(call.run_graph("body", [i, cond, *carry])[1 + n :]),
+                        ),
+                        tuple(initial),
+                        trip_count=0,
+                    )[1],
+                ],
+            )
     return [*initial, *(y.new_empty((0, *y.shape)) for y in outputs[1 + n :])]
 
 

@@ -37,6 +37,12 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x if signed is None else x.view(signed)
 
 
+def _unbits(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Undo :func:`_bits`: ``y`` viewed as ``dtype`` where it is not of it already (a view to
+    another dtype has no gradient, so a floating tensor is left as it is)."""
+    return y if y.dtype == dtype else y.view(dtype)
+
+
 def _checking() -> bool:
     """Whether to check data-dependent rules (not while torch.compile or torch.export trace)."""
     return not torch.compiler.is_compiling()
@@ -85,7 +91,7 @@ def gather_nd(call: Call, data: torch.Tensor, indices: torch.Tensor) -> torch.Te
     rows = torch.arange(count).reshape(count, 1)
     picked = source[(rows, *index.unbind(-1))]  # torch wraps negative indices, checks bounds
     shape = (*indices.shape[:-1], *data.shape[batch + depth :])
-    return picked.reshape(shape).view(data.dtype)
+    return _unbits(picked.reshape(shape), data.dtype)
 
 
 def _linear_index(call: Call, indices: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -110,7 +116,7 @@ def _scatter(
     """``data`` with ``updates`` written at ``index`` along ``axis`` (``torch.scatter``), or
     combined with what is there by ``reduction`` (ONNX's add, mul, max or min)."""
     if reduction == "none":
-        return _bits(data).scatter(axis, index, _bits(updates)).view(data.dtype)
+        return _unbits(_bits(data).scatter(axis, index, _bits(updates)), data.dtype)
     signed = _SIGNED.get(data.dtype)
     if signed is None:
         return data.scatter_reduce(axis, index, updates, _TORCH_REDUCE[reduction])
@@ -209,9 +215,9 @@ def compress(call: Call, x: torch.Tensor, condition: torch.Tensor) -> torch.Tens
     axis = call.attribute("axis")
     source = _bits(x)
     if axis is None:
-        return source.reshape(-1).index_select(0, chosen).view(x.dtype)
+        return _unbits(source.reshape(-1).index_select(0, chosen), x.dtype)
     axis = _axis(call, axis, x.dim())
-    return source.index_select(axis, chosen).view(x.dtype)
+    return _unbits(source.index_select(axis, chosen), x.dtype)
 
 
 def _top_k(
@@ -330,7 +336,7 @@ def unique(
     if not call.attribute("sorted", 1):
         order = torch.argsort(first)
         rank = torch.empty_like(order).scatter(0, order, torch.arange(found))
-        values = _bits(values).index_select(dim, order).view(x.dtype)
+        values = _unbits(_bits(values).index_select(dim, order), x.dtype)
         first, counts = first[order], counts[order]
         inverse = rank[inverse]
     return values, first, inverse, counts
@@ -359,7 +365,7 @@ def reverse_sequence(call: Call, x: torch.Tensor, lengths: torch.Tensor) -> torc
     moved = _bits(x).movedim((time, batch), (0, 1))
     index = source.reshape(*source.shape, *([1] * (x.dim() - 2))).expand(moved.shape)
     out = torch.gather(moved, 0, index).movedim((0, 1), (time, batch))
-    return out.contiguous().view(x.dtype)
+    return _unbits(out.contiguous(), x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
