@@ -12,16 +12,16 @@ import pytest
 from ._check import REFUSALS, RUNS, SKIPS
 
 DEFAULT_EXAMPLES = {
-    "eager": 150,
+    "eager": 120,
     "hoisted": 40,
-    "compiled": 6,
-    "export": 32,
+    "compiled": 4,
+    "export": 20,
     "vmap": 60,
-    "padded": 16,
-    "theano": 8,
+    "padded": 10,
+    "theano": 6,
 }
-"""Programs per test in the default slice: every one run eagerly against the oracle, 32 of
-them also exported and run in onnxruntime; about four minutes on one core, export dominating."""
+"""Programs per test in the default slice: every one run eagerly against the oracle, 20 of
+them also exported and run in onnxruntime; about three minutes on one core, export dominating."""
 
 
 @pytest.fixture

@@ -352,7 +352,7 @@ def scan_models(draw):
     return model, feeds
 
 
-@hypothesis.settings(max_examples=30, deadline=None, derandomize=True)
+@hypothesis.settings(max_examples=20, deadline=None, derandomize=True)
 @hypothesis.given(problem=scan_models())
 def test_scan_attributes_compute_as_onnxruntime(problem) -> None:
     """Against onnxruntime at both levels, and the specification's pseudo-code (the reference
