@@ -122,7 +122,11 @@ def _doctests(text: str) -> str:
             in_fence = not in_fence
         elif not in_fence and not in_doctest and stripped.startswith(">>>"):
             fence = indent + "```"
-            out += ["", fence + "pycon"]
+            # a blank line before the fence, except right under a section's title ("Example:"),
+            # which must be followed by its content to be read as a section
+            if out and out[-1].strip() and not out[-1].rstrip().endswith(":"):
+                out.append("")
+            out.append(fence + "pycon")
             in_doctest = True
         out.append(line)
     if in_doctest:

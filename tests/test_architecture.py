@@ -158,7 +158,7 @@ def test_export_options_belong_to_their_context() -> None:
     assert torchscan.onnx._options.current().hoist_loop_invariants
 
 
-ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 
 def _layer_table() -> list[tuple[str, list[str]]]:

@@ -142,9 +142,7 @@ def _stack_trace_frames() -> None:
 
 
 def _data_dependent_frames() -> None:
-    from torchscan._compat import GuardOnDataDependentSymNode
-
-    with pytest.raises(GuardOnDataDependentSymNode) as info:
+    with pytest.raises(_compat.guard_on_data_dependent_error()) as info:
         torch.export.export(_Reads(), (torch.ones(3),), strict=False)
     frames = [(s.filename, s.lineno) for s in traceback.extract_tb(info.value.__traceback__)]
     outside_torch = [f for f in frames if not f[0].startswith(str(Path(torch.__file__).parent))]
@@ -219,3 +217,20 @@ def test_onnx_reference_internal_holds(symbol: _compat.PrivateSymbol) -> None:
         f"onnx {onnx.__version__} changed {symbol.qualified_name}, which the check's reference "
         f"evaluator uses to {symbol.used_for}: " + "; ".join(problems)
     )
+
+
+def test_the_mark_of_untraced_functions_is_torch_dynamos() -> None:
+    """``run_untraced_by_dynamo`` sets what ``torch._dynamo.assume_constant_result`` sets, and
+    nothing else (it does so without importing TorchDynamo)."""
+
+    def ours() -> int:
+        return 0
+
+    def dynamos() -> int:
+        return 0
+
+    import torch._dynamo
+
+    torch._dynamo.assume_constant_result(dynamos)
+    assert _compat.run_untraced_by_dynamo(ours) is ours
+    assert vars(ours) == vars(dynamos) == {_compat.DYNAMO_CONSTANT_MARK: True}

@@ -1,5 +1,5 @@
-"""``scan`` and ``loop`` under ``torch.compile`` (torchscan/_compiled.py): one loop operator in the
-compiled graph, the same results and gradients as eagerly, and graph breaks in the step.
+"""``scan`` and ``loop`` under ``torch.compile`` (src/torchscan/_compiled.py): one loop operator in
+the compiled graph, the same results and gradients as eagerly, and graph breaks in the step.
 
 Every expected value comes from the same function run eagerly, whose own tests compare it with a
 Python loop (tests/test_scan.py, tests/test_loop.py).

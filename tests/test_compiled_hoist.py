@@ -1,5 +1,5 @@
-"""Hoisting under ``torch.compile`` (``torchscan/_compiled_hoist.py``): Inductor's compilation of a
-scan computes the work of its steps that does not depend on the carry before the loop operator,
+"""Hoisting under ``torch.compile`` (``src/torchscan/_compiled_hoist.py``): Inductor's compilation
+of a scan computes the work of its steps that does not depend on the carry before the loop operator,
 with the hand-written Python loop's results and gradients; steps it cannot rewrite are left as
 they are."""
 

@@ -112,3 +112,56 @@ def _load(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# -- the checks of the built site (docs/_check_site.py, run by .ci/run after mkdocs build) -------
+
+_RETURNS = """<h3 id="torchscan.f" class="doc doc-heading">f</h3>
+<div class="doc doc-object doc-function"><div class="doc-signature highlight">f()</div>
+<p><span class="doc-section-title">Returns:</span></p>
+    <table><thead><tr><th>Type</th></tr></thead><tbody>
+{rows}</tbody></table></div>"""
+_ROW = '<tr class="doc-section-item"><td><code>Carry</code></td><td>text</td></tr>\n'
+
+
+def _site(tmp_path: Path, reference: str, page: str = "<p>text</p>") -> Path:
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "index.html").write_text(reference)
+    (tmp_path / "index.html").write_text(page)
+    return tmp_path
+
+
+def test_the_site_check_passes_a_reference_that_reads_right(tmp_path: Path) -> None:
+    check = _load(ROOT / "docs" / "_check_site.py")
+    site = _site(tmp_path, _RETURNS.format(rows=_ROW))
+    assert check.problems(site, ["torchscan.f"]) == []
+
+
+@pytest.mark.parametrize(
+    ("reference", "page", "public", "problem"),
+    [
+        (_RETURNS.format(rows=_ROW * 3), "", "torchscan.f", "torchscan.f: Returns shows [3] rows"),
+        (_RETURNS.format(rows=_ROW), "", "torchscan.g", "torchscan.g is not documented"),
+        (
+            _RETURNS.format(rows=_ROW).replace(
+                "f()</div>", "f()</div>" + '<div class="doc-signature highlight">f(x)</div>'
+            ),
+            "",
+            "torchscan.f",
+            "torchscan.f shows 2 signatures",
+        ),
+        (
+            _RETURNS.format(rows=_ROW),
+            "<p>Example:</p><pre><code>```pycon\n&gt;&gt;&gt; 1\n```</code></pre>",
+            "torchscan.f",
+            "index.html: a code fence shown as text: ```pycon",
+        ),
+    ],
+    ids=["returns-rows", "missing-object", "overloads", "literal-fence"],
+)
+def test_the_site_check_finds_each_defect(
+    tmp_path: Path, reference: str, page: str, public: str, problem: str
+) -> None:
+    check = _load(ROOT / "docs" / "_check_site.py")
+    site = _site(tmp_path, reference, page or "<p>text</p>")
+    assert any(problem in found for found in check.problems(site, [public]))

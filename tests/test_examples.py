@@ -15,6 +15,7 @@ BENCHMARKS = {
     "bidirectional.py": ["--T", "5", "--B", "3", "--F", "3", "--H", "4", "--repeats", "1"],
     "eager_scan.py": ["--T", "8", "--B", "2", "--H", "4", "--repeats", "3"],
     "export_time.py": ["--T", "4", "--B", "2", "--H", "4", "--repeats", "1"],
+    "import_time.py": ["--repeats", "1"],
     "onnxruntime_parts.py": ["--cells", "RNN", "LSTM", "--H", "4", "--T", "3", "--repeats", "1"],
     "suite.py": ["--quick"],
     "speed.py": ["--quick", "--memory", "--cells", "RNN", "LSTM"],
@@ -29,6 +30,7 @@ ROWS = {
     "bidirectional.py": 2 * 3 + 2,  # eager: 2 modes, 3 implementations; onnxruntime: 2 graphs
     "eager_scan.py": 9,
     "export_time.py": 4,
+    "import_time.py": 3,
     "onnxruntime_parts.py": 2 * 5,
     "suite.py": 24 + 6 + 6 + 6 + 12,
     "speed.py": 2 * (2 * 2) * 2,  # 2 cells, 2 lengths, 2 modes; speed and memory

@@ -341,3 +341,39 @@ def test_a_loop_counted_by_a_tensor_does_not_lower() -> None:
     program = torch.export.export(CountInput(), (torch.tensor(4), randn(3)))
     with pytest.raises(torchscan.TorchscanValueError, match="trip count is a tensor"):
         torchscan.lower_to_torch(program)
+
+
+class _CountedUntil(torch.nn.Module):
+    """A loop counted by a tensor that may also stop early, against its Python loop."""
+
+    def __init__(self, python: bool = False) -> None:
+        super().__init__()
+        self.python = python
+
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.python:
+            c, ys = x * 0, []
+            for _ in range(int(n)):
+                ys.append(c)
+                stop = bool(c.sum() > 7)
+                c = c + x
+                if stop:
+                    break
+            return c, torch.stack(ys) if ys else x.new_empty(0, *x.shape)
+
+        def body(i, c):
+            return c + x, c, torchscan.until(c.sum() > 7)
+
+        return torchscan.loop(body, x * 0, trip_count=n)
+
+
+@pytest.mark.parametrize("trips", [0, 1, 3, 9])
+def test_a_program_runs_a_loop_counted_by_a_tensor_any_number_of_times(trips: int) -> None:
+    """No iteration included: ys of length 0 shaped by the body, as eagerly."""
+    x = randn(3)
+    program = torch.export.export(_CountedUntil(), (x, torch.tensor(4)))
+    got = program.module()(x, torch.tensor(trips))
+    expected = _CountedUntil(python=True)(x, torch.tensor(trips))
+    assert [t.shape for t in got] == [t.shape for t in expected]
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b)

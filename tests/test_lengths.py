@@ -475,10 +475,11 @@ def test_a_packed_sequence_is_refused_with_its_conversion() -> None:
     packed = pack_padded_sequence(randn(4, 2, F), torch.tensor([4, 2]), enforce_sorted=False)
     with errors(
         TypeError,
-        "torchscan.scan: xs is a PackedSequence, whose data has no time axis to scan; pad it and "
-        "pass its lengths: xs, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed) "
-        "(batch_first=True for (B, T, ...) with axis=1), then "
-        "torchscan.scan(fn, init, xs, lengths=lengths).",
+        "torchscan.scan: xs is a PackedSequence, whose data has no time axis to scan. Pad it and "
+        "pass its lengths:\n"
+        "    xs, lengths = torch.nn.utils.rnn.pad_packed_sequence(packed)\n"
+        "    carry, ys = torchscan.scan(fn, init, xs, lengths=lengths)\n"
+        "(with pad_packed_sequence(packed, batch_first=True), scan with axis=1 as well).",
     ):
         torchscan.scan(step_of(torch.nn.RNNCell(F, H, dtype=DTYPE)), randn(2, H), packed)
 

@@ -71,7 +71,7 @@ def test_readme_tox_and_ci_name_the_same_releases() -> None:
 
 # --- the wheel ----------------------------------------------------------------------------------
 
-WHEEL_SOURCES = ["pyproject.toml", "README.md", "LICENSE", "torchscan"]
+WHEEL_SOURCES = ["pyproject.toml", "README.md", "LICENSE", "src"]
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def _imported_modules() -> dict[str, set[str]]:
     """The top-level modules torchscan's code imports, at any depth (inside functions too),
     and the files that import each."""
     found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "torchscan").rglob("*.py")):
+    for path in sorted((ROOT / "src" / "torchscan").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -154,18 +154,25 @@ def _imported_modules() -> dict[str, set[str]]:
             else:
                 continue
             for name in names:
-                found.setdefault(name.partition(".")[0], set()).add(str(path.relative_to(ROOT)))
+                where = str(path.relative_to(ROOT / "src"))
+                found.setdefault(name.partition(".")[0], set()).add(where)
     return found
 
 
 def test_every_module_torchscan_imports_is_a_declared_dependency(wheel: zipfile.ZipFile) -> None:
     """A module of a third party that torchscan imports and pyproject.toml does not declare
-    works where some other package happens to install it, and fails elsewhere."""
-    declared = {
-        canonicalize_name(Requirement(r).name)
-        for r in _metadata(wheel).get_all("Requires-Dist")
-        if Requirement(r).marker is None  # not an extra's
-    }
+    works where some other package happens to install it, and fails elsewhere. Modules that
+    only the ONNX side imports (``torchscan/onnx/``, and the check command) may come from the
+    ``onnx`` extra; every other module from the dependencies themselves."""
+    declared: dict[str, set[str]] = {"": set(), "onnx": set()}
+    for line in _metadata(wheel).get_all("Requires-Dist"):
+        requirement = Requirement(line)
+        marker = requirement.marker
+        for extra in declared:
+            if (marker is None) if not extra else (marker and marker.evaluate({"extra": extra})):
+                declared[extra].add(canonicalize_name(requirement.name))
+    assert {"onnx", "onnxruntime", "rich", "onnx-ir"} <= declared["onnx"]
+    assert not {"onnx", "onnxruntime", "rich", "onnx-ir", "onnxscript"} & declared[""]
     distributions = metadata.packages_distributions()
     imported = _imported_modules()
     assert {"torch", "numpy", "onnx", "ml_dtypes", "google", "sympy"} <= set(imported)
@@ -173,8 +180,10 @@ def test_every_module_torchscan_imports_is_a_declared_dependency(wheel: zipfile.
     for module, files in sorted(imported.items()):
         if module in sys.stdlib_module_names or module == "torchscan":
             continue
+        onnx_side = all(f.startswith("torchscan/onnx/") or f == "torchscan/_cli.py" for f in files)
+        allowed = declared[""] | (declared["onnx"] if onnx_side else set())
         provided_by = {canonicalize_name(d) for d in distributions.get(module, [])}
-        if not provided_by & declared:
+        if not provided_by & allowed:
             undeclared[module] = (sorted(provided_by), sorted(files))
     assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"
 
@@ -193,7 +202,23 @@ def test_every_dependency_is_pinned_within_its_range(wheel: zipfile.ZipFile) -> 
         marker = requirement.marker
         if name == "torch":  # pinned per release: the tests above
             continue
-        if marker is not None and not any(marker.evaluate({"extra": e}) for e in ("test", "lint")):
+        if name == "torchscan-onnx":  # an extra that names another (test: the onnx extra)
+            continue
+        extras = ("onnx", "test", "lint")
+        if marker is not None and not any(marker.evaluate({"extra": e}) for e in extras):
             continue
         assert name in pins, f"{requirement.name} is not pinned in constraints/common.txt"
         assert requirement.specifier.contains(pins[name]), (requirement, pins[name])
+
+
+def test_the_version_is_said_once_and_the_changelog_has_it(wheel: zipfile.ZipFile) -> None:
+    """``torchscan.__version__`` is the one place the version is written: the wheel's metadata
+    reads it, and the changelog has a section for it."""
+    import torchscan
+
+    assert _metadata(wheel)["Version"] == torchscan.__version__
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject
+    assert not re.search(r"^version\s*=\s*\"", pyproject, re.M)  # no literal version
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## {re.escape(torchscan.__version__)}\b", changelog, re.M)

@@ -1,5 +1,5 @@
 """What every step of a scan or loop is held to: no change of its arguments in place, a carry and
-``y`` of the same type at every step, and ``until`` in its place (``torchscan/_steps.py``)."""
+``y`` of the same type at every step, and ``until`` in its place (``src/torchscan/_steps.py``)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import torch
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 import torchscan
-from torchscan._traced._indexing import BodyIndexing, DataDependentSlice
+from torchscan._traced._indexing import DataDependentSlice, body_indexing
 
 from .._export import onnx_export
 from ._roundtrip import opset_pairs
@@ -257,7 +257,7 @@ READS = {
 @pytest.mark.parametrize("name", list(READS))
 def test_a_rewritten_read_equals_eager(name: str) -> None:
     expected = READS[name]()
-    with BodyIndexing():
+    with body_indexing():
         actual = READS[name]()
     assert actual.shape == expected.shape
     assert torch.equal(actual, expected)
@@ -292,7 +292,7 @@ WRITES = {
 @pytest.mark.parametrize("name", list(WRITES))
 def test_a_rewritten_write_equals_eager(name: str) -> None:
     expected = WRITES[name]()
-    with BodyIndexing():
+    with body_indexing():
         actual = WRITES[name]()
     assert torch.equal(actual, expected)
 
@@ -308,7 +308,7 @@ FAILURES = {
 def test_a_rewritten_read_fails_where_eager_fails(name: str) -> None:
     with pytest.raises((IndexError, RuntimeError)):
         FAILURES[name]()
-    with pytest.raises(RuntimeError, match="out of"), BodyIndexing():
+    with pytest.raises(RuntimeError, match="out of"), body_indexing():
         FAILURES[name]()
 
 
@@ -393,10 +393,10 @@ def test_any_rewritten_index_equals_eager(recipes) -> None:
     except (IndexError, RuntimeError, TypeError) as error:
         expected, failed = None, error
     if failed is not None:
-        with pytest.raises((IndexError, RuntimeError, TypeError)), BodyIndexing():
+        with pytest.raises((IndexError, RuntimeError, TypeError)), body_indexing():
             X[_build(recipes)]
         return
-    with BodyIndexing():
+    with body_indexing():
         actual = X[_build(recipes)]
     assert actual.shape == expected.shape
     assert torch.equal(actual, expected)
@@ -414,10 +414,10 @@ def test_any_rewritten_write_equals_eager(recipes) -> None:
     try:
         expected = write()
     except (IndexError, RuntimeError, TypeError):
-        with pytest.raises((IndexError, RuntimeError, TypeError)), BodyIndexing():
+        with pytest.raises((IndexError, RuntimeError, TypeError)), body_indexing():
             write()
         return
-    with BodyIndexing():
+    with body_indexing():
         actual = write()
     assert torch.equal(actual, expected)
 

@@ -38,11 +38,17 @@ def run_python(code: str, **environment: str) -> str:
     return result.stdout
 
 
-def test_import_wraps_torch_onnx_export_without_importing_onnx() -> None:
+@pytest.mark.parametrize(
+    "imports",
+    ["import torch, torchscan", "import torch.onnx, torchscan", "import torchscan, torch.onnx"],
+)
+def test_import_wraps_torch_onnx_export_without_importing_onnx(imports: str) -> None:
+    """torch.onnx imported before torchscan, after it, or first read as ``torch.onnx``: its
+    ``export`` is torchscan's wrapper, and onnx is not imported."""
     out = run_python(
-        """
+        f"""
         import sys
-        import torch, torchscan
+        {imports}
         print(torch.onnx.export.__torchscan_wrapped__, torch.onnx.export.__name__)
         print(sorted(m for m in ("onnx", "onnxruntime", "onnxscript") if m in sys.modules))
         """

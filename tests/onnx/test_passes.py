@@ -1,4 +1,4 @@
-"""The export as named passes over onnx_ir models (torchscan/onnx/_passes.py): each pass alone,
+"""The export as named passes over onnx_ir models (src/torchscan/onnx/_passes.py): each pass alone,
 their order, and a model without loops passed to torch.onnx untouched."""
 
 from __future__ import annotations

@@ -1,0 +1,368 @@
+"""``scan`` and ``loop`` under ``torch.compile``: one loop in the compiled graph.
+
+TorchDynamo would unroll the eager loop of :mod:`torchscan._steps` into a graph fixed to one
+length. While it traces, ``scan`` and ``loop`` instead become torch's own loop operators, which
+Inductor compiles as loops: ``torch._higher_order_ops.scan`` for a fixed number of steps, and
+``torch.while_loop`` for a loop that ``until`` may stop early (its outputs written into buffers of
+the most steps it can run, then cut to the steps that ran).
+
+The first step is first traced on its own, like any other code. That is where the structure
+of the carry and of ``y``, and whether ``until`` is returned, are checked with the eager path's
+messages, and where a step that TorchDynamo cannot capture whole (a ``print``, a Python ``if`` on
+a tensor: a graph break) is found: torch's loop operators fail the whole compilation on a graph
+break in their body, so such a step makes the first step run without TorchDynamo, and then the
+remaining steps run as the eager loop does, correctly but unrolled. Otherwise the loop operator
+runs every step from ``init``, and the compiler drops the first step traced on its own (a step
+has no side effects that a loop operator could keep).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torchscan import _compat, _compiled_hoist, _eager, _pytree
+from torchscan._eager import device_of
+from torchscan._plan import LoopPlan, ScanPlan
+from torchscan._steps import Protocol
+
+__all__ = ["first_step", "loop", "loop_operators_apply", "scan"]
+
+
+def scan(plan: ScanPlan) -> tuple[Any, Any]:
+    """``scan`` under ``torch.compile``: the first step traced as it is, the others as one loop
+    operator (the plan reads every sequence one way and stacks every output on one axis)."""
+    direction = plan.direction
+    assert direction is not None
+    reverse, realign = direction
+    n, axis, protocol = plan.length, plan.out.axis, plan.protocol
+    xs = [
+        None if leaf is None or a is None else leaf.movedim(a, 0)  # a None leaf has no axis
+        for leaf, a in zip(plan.xs_leaves, plan.in_axes, strict=True)
+    ]
+
+    def take(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            position = n - 1 - t if reverse else t
+            leaves = [None if x is None else x.index_select(0, position.reshape(1))[0] for x in xs]
+        else:
+            leaves = [None if x is None else x.select(0, t) for x in xs]
+        return _pytree.tree_unflatten(leaves, plan.xs_spec)
+
+    _skip_first_step()
+    out, broke = first_step(plan.fn, plan.carry.init, take(n - 1 if reverse else 0))
+    has_until = protocol.check_first(out, plan.carry, plan.out)
+    if broke or not loop_operators_apply(out, has_until):
+        # fn breaks the graph, or torch cannot train the loop operator: the other steps run as
+        # eagerly (TorchDynamo unrolls them where it can trace them)
+        steps = _eager.slices(plan)
+        later = list(reversed(steps))[1:] if reverse else steps[1:]
+        carry, ys = protocol.run_after_first(plan.fn, later, plan.carry, out)
+        return carry, protocol.outputs.stack(ys, plan.out)
+    init = plan.carry.init
+    if has_until:
+        device = device_of([*plan.carry.leaves, *plan.xs_leaves])
+        return run_loop(
+            plan.fn,
+            protocol,
+            init,
+            out,
+            take,
+            n,
+            reverse=reverse and realign,
+            axis=axis,
+            device=device,
+        )
+    return run_scan(
+        plan.fn,
+        protocol,
+        init,
+        out,
+        xs,
+        plan.xs_spec,
+        n,
+        reverse=reverse,
+        realign=realign,
+        axis=axis,
+        hoist=plan.hoist,
+    )
+
+
+def loop(plan: LoopPlan) -> tuple[Any, Any]:
+    """``loop`` under ``torch.compile``, with an int (or symbolic) ``trip_count`` or none: the
+    first iteration traced as it is, the others as one loop operator."""
+    trips, protocol, body = plan.trip_count, plan.protocol, plan.body
+    device = device_of(plan.carry.leaves)
+    first = torch.zeros((), dtype=torch.int64, device=device)
+
+    def call(carry: Any, i: torch.Tensor) -> Any:
+        return body(i, carry)
+
+    _skip_first_step()
+    out, broke = first_step(call, plan.carry.init, first)
+    has_until = protocol.check_first(out, plan.carry, plan.out, plan.never_ends or None)
+    y_tensors = any(leaf is not None for leaf in _pytree.tree_leaves(out[1]))
+    if (
+        broke
+        or not loop_operators_apply(out, has_until)
+        or (has_until and trips is None and y_tensors)
+    ):
+        # a graph break, a loop operator torch cannot train, or outputs to stack with no bound
+        # on their number: the other iterations run as eagerly
+        counter = itertools.islice(_eager.counter(trips, device), 1, None)
+        carry, ys = protocol.run_after_first(call, counter, plan.carry, out)
+        return carry, protocol.outputs.stack(ys, plan.out)
+    init = plan.carry.init
+    if has_until:
+        return run_loop(
+            call, protocol, init, out, lambda i: i, trips, reverse=False, axis=0, device=device
+        )
+    assert trips is not None  # without until, check_first refused a loop that never ends
+    counter = torch.arange(trips, device=device)
+    spec = _pytree.tree_structure(first)
+    return run_scan(
+        call, protocol, init, out, [counter], spec, trips, reverse=False, realign=True, axis=0
+    )
+
+
+def first_step(fn: Callable[[Any, Any], Any], carry: Any, item: Any) -> tuple[Any, bool]:
+    """``fn(carry, item)``, and whether it ran without TorchDynamo (``True`` after a graph break
+    in ``fn``).
+
+    TorchDynamo inlines this function into the frame it traces, where ``is_dynamo_compiling()``
+    is ``True``. When ``fn`` breaks the graph, TorchDynamo runs the call of this function without
+    tracing it (its code is marked to be skipped as the root of a frame), so it returns ``True``.
+    """
+    return fn(carry, item), not torch.compiler.is_dynamo_compiling()
+
+
+def _skip_first_step_as_frame() -> bool:
+    """Mark :func:`first_step`'s code for TorchDynamo (done while it traces, so that importing
+    torchscan does not import TorchDynamo)."""
+    _compat.skip_code_as_frame(first_step.__code__)
+    return True
+
+
+_skip_first_step = _compat.run_untraced_by_dynamo(_skip_first_step_as_frame)
+
+
+def loop_operators_apply(out: Any, has_until: bool) -> bool:
+    """Whether the steps of a loop whose first step returned ``out`` can become a loop operator.
+
+    Always when no gradient is recorded through them. When one is: never with ``until``, whose
+    ``torch.while_loop`` gives wrong gradients for what its body reads from outside (only the
+    last iteration's part reaches them, in torch 2.13 to 2.15); and for ``scan``, unless the
+    torch release computes the gradients of loop operators wrong under Inductor
+    (:func:`torchscan._compat.train_loops_correctly_in_this_compile`, which has this
+    compilation turn off what makes them wrong).
+    """
+    if not torch.is_grad_enabled():
+        return True
+    leaves = _pytree.tree_leaves((out[0], out[1]))
+    if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
+        return True
+    return not has_until and _train_loops_correctly()
+
+
+_allow_scalar_reads = _compat.run_untraced_by_dynamo(_compat.let_loop_operators_read_scalars)
+_train_loops_correctly = _compat.run_untraced_by_dynamo(
+    _compat.train_loops_correctly_in_this_compile
+)
+_leave_out_size_asserts = _compat.run_untraced_by_dynamo(
+    _compat.run_loops_without_size_asserts_in_this_compile
+)
+_hoist_in_this_compile = _compat.run_untraced_by_dynamo(_compiled_hoist.install_for_this_compile)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Flat:
+    """A pytree whose ``None`` leaves are left out of the list a loop operator carries."""
+
+    spec: _pytree.TreeSpec
+    present: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, tree: Any) -> tuple[_Flat, list[torch.Tensor]]:
+        leaves, spec = _pytree.tree_flatten(tree)
+        flat = cls(spec, tuple(leaf is not None for leaf in leaves))
+        return flat, [leaf for leaf in leaves if leaf is not None]
+
+    def tensors(self, tree: Any) -> list[torch.Tensor]:
+        return [leaf for leaf in _pytree.tree_leaves(tree) if leaf is not None]
+
+    def build(self, tensors: Sequence[torch.Tensor]) -> Any:
+        it = iter(tensors)
+        return _pytree.tree_unflatten(
+            [next(it) if present else None for present in self.present], self.spec
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Codec:
+    """Integer and bool tensors, carried through torch's ``scan`` as float64.
+
+    torch's ``scan`` fails under autograd when a carry or an output is not a floating-point
+    tensor. While gradients are recorded, each such tensor travels as float64, which holds every
+    value of a 32-bit integer exactly; an int64 travels as two float64 halves.
+    """
+
+    dtypes: tuple[torch.dtype | None, ...]  # per tensor: the dtype to restore, None if kept
+
+    @classmethod
+    def of(cls, tensors: Sequence[torch.Tensor]) -> _Codec:
+        recording = torch.is_grad_enabled()
+        return cls(
+            tuple(
+                t.dtype if recording and not (t.is_floating_point() or t.is_complex()) else None
+                for t in tensors
+            )
+        )
+
+    def encode(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        out = []
+        for t, dtype in zip(tensors, self.dtypes, strict=True):
+            if dtype is None:
+                out.append(t)
+            elif dtype == torch.int64:
+                out += [(t >> 32).double(), (t & 0xFFFFFFFF).double()]
+            else:
+                out.append(t.double())
+        return out
+
+    def decode(self, encoded: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        it = iter(encoded)
+        out = []
+        for dtype in self.dtypes:
+            t = next(it)
+            if dtype is None:
+                out.append(t)
+            elif dtype == torch.int64:
+                out.append((t.long() << 32) | next(it).long())
+            else:
+                out.append(t.to(dtype))
+        return out
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A dense copy: torch's loop operators refuse outputs that alias their inputs or each other,
+    and carries whose strides change. The compiler removes the copies it does not need."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def run_scan(
+    fn: Callable[[Any, Any], Any],
+    protocol: Protocol,
+    init: Any,
+    out0: Any,
+    xs: Sequence[torch.Tensor | None],
+    xs_spec: _pytree.TreeSpec,
+    length: Any,
+    *,
+    reverse: bool,
+    realign: bool,
+    axis: int,
+    hoist: bool | None = None,
+) -> tuple[Any, Any]:
+    """Every step of a scan without ``until`` as torch's ``scan`` operator.
+
+    ``xs`` are the leaves of the sequences with the scanned axis moved to the front; ``out0`` is
+    what the first step returned when it was traced on its own (which tells the structure of
+    ``y``; the compiler drops that computation). Returns ``(carry, ys)``, ``ys`` on ``axis``.
+    Unless ``hoist`` is ``False``, Inductor moves the work of the steps that does not depend on
+    the carry out of the loop (:mod:`torchscan._compiled_hoist`).
+    """
+    carry_flat, carry = _Flat.of(init)
+    y_flat, y0 = _Flat.of(out0[1])
+    present = [leaf is not None for leaf in xs]
+    sequences = [leaf for leaf in xs if leaf is not None]
+    dummy = not sequences
+    if dummy:  # torch's scan needs a sequence to take its length from
+        sequences = [torch.empty(length, 0, device=device_of([*carry, *y0]))]
+    carry_codec, y_codec = _Codec.of(carry), _Codec.of(y0)
+    carry = [_fresh(c) for c in carry_codec.encode(carry)]
+    n_carry = len(carry)
+    if not carry:  # torch's scan needs a carry
+        carry = [torch.zeros((), device=sequences[0].device)]
+
+    def combine(c: list[torch.Tensor], x: list[torch.Tensor]) -> Any:
+        it = iter(x)
+        item = _pytree.tree_unflatten(
+            [None] * len(present) if dummy else [next(it) if p else None for p in present],
+            xs_spec,
+        )
+        out = fn(carry_flat.build(carry_codec.decode(c[:n_carry])), item)
+        protocol.has_until(out, expected=False)
+        new_carry = carry_codec.encode(carry_flat.tensors(out[0])) if n_carry else [c[0] + 0]
+        return [_fresh(t) for t in new_carry], [
+            _fresh(t) for t in y_codec.encode(y_flat.tensors(out[1]))
+        ]
+
+    _allow_scalar_reads()
+    _leave_out_size_asserts()
+    if hoist is not False:
+        _hoist_in_this_compile()
+    final, ys = _compat.scan_operator()(combine, carry, sequences, dim=0, reverse=reverse)
+    final, ys = carry_codec.decode(final[:n_carry]), y_codec.decode(ys)
+    if reverse and not realign:
+        ys = [y.flip(0) for y in ys]
+    return carry_flat.build(final), y_flat.build([y.movedim(0, axis) for y in ys])
+
+
+def run_loop(
+    fn: Callable[[Any, torch.Tensor], Any],
+    protocol: Protocol,
+    init: Any,
+    out0: Any,
+    take: Callable[[torch.Tensor], Any],
+    length: Any,
+    *,
+    reverse: bool,
+    axis: int,
+    device: torch.device,
+) -> tuple[Any, Any]:
+    """Every step of a loop that ``until`` may stop, as ``torch.while_loop``.
+
+    ``take(t)`` is the item of step ``t`` (a 0-d int64 tensor), ``length`` the most steps
+    (``None`` for no limit: then the steps may return no ``y`` tensor), ``out0`` what the first
+    step returned when traced on its own. ``ys`` are in the order the steps ran, reversed when
+    ``reverse``, and stacked on ``axis``.
+    """
+    carry_flat, carry = _Flat.of(init)
+    y_flat, y0 = _Flat.of(out0[1])
+    buffers = [y.new_zeros((length, *y.shape)) for y in y0]
+    n_carry = len(carry)
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    going = torch.zeros((), dtype=torch.bool, device=device)
+
+    def cond(i: torch.Tensor, stop: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        return ~stop if length is None else ~stop & (i < length)
+
+    def body(i: torch.Tensor, stop: torch.Tensor, *rest: torch.Tensor) -> Any:
+        out = fn(carry_flat.build(rest[:n_carry]), take(i))
+        protocol.has_until(out, expected=True)
+        new_stop = protocol.check_stop(out[2].stop, 1)
+        ys = [
+            buffer.index_copy(0, i.unsqueeze(0), y.unsqueeze(0))
+            for buffer, y in zip(rest[n_carry:], y_flat.tensors(out[1]), strict=True)
+        ]
+        return (
+            i + 1,
+            _fresh(new_stop),
+            *[_fresh(t) for t in carry_flat.tensors(out[0])],
+            *ys,
+        )
+
+    carried = (zero, going, *[_fresh(c) for c in carry], *buffers)
+    _allow_scalar_reads()
+    _leave_out_size_asserts()
+    i, _, *rest = torch.while_loop(cond, body, carried)
+    steps = i.item() if buffers else 0
+    ys = []
+    for buffer in rest[n_carry:]:
+        ran = buffer.narrow(0, 0, steps)
+        ys.append((ran.flip(0) if reverse else ran).movedim(0, axis))
+    return carry_flat.build(rest[:n_carry]), y_flat.build(ys)
