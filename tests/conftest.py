@@ -4,8 +4,14 @@ import hypothesis
 import pytest
 import torch
 
+from ._export import share_torch_onnx_registry
+
 # Several cores would make timings irrelevant here anyway; one keeps results bit-reproducible.
 torch.set_num_threads(1)
+
+# torch.onnx builds its registry of translations once per opset in each test process, not at
+# every export (tests/_export.py)
+share_torch_onnx_registry()
 
 hypothesis.settings.register_profile(
     "default", deadline=None, max_examples=40, derandomize=True, print_blob=True

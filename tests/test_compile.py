@@ -433,8 +433,17 @@ def breaking_programs(brk: Callable) -> dict[str, Callable]:
     }
 
 
-@pytest.mark.parametrize("program", ["scan", "scan until", "loop", "loop until", "theano"])
-@pytest.mark.parametrize("brk", list(BREAKS))
+_PROGRAMS = ["scan", "scan until", "loop", "loop until", "theano"]
+# every kind of break in a scan; one in each other program, in turn (about 5 s a compilation)
+_BREAK_POINTS = [
+    *[("scan", brk) for brk in BREAKS],
+    *[(program, list(BREAKS)[i % len(BREAKS)]) for i, program in enumerate(_PROGRAMS[1:])],
+]
+
+
+@pytest.mark.parametrize(
+    ("program", "brk"), _BREAK_POINTS, ids=[f"{b}-{p}" for p, b in _BREAK_POINTS]
+)
 def test_a_graph_break_in_the_step_runs_with_the_eager_results(program: str, brk: str) -> None:
     fn = breaking_programs(BREAKS[brk])[program]
     xs = torch.rand(6, 4)

@@ -12,16 +12,16 @@ import pytest
 from ._check import REFUSALS, RUNS, SKIPS
 
 DEFAULT_EXAMPLES = {
-    "eager": 120,
-    "hoisted": 40,
-    "compiled": 4,
-    "export": 20,
-    "vmap": 60,
-    "padded": 10,
-    "theano": 6,
+    "eager": 100,
+    "hoisted": 30,
+    "compiled": 3,
+    "export": 14,
+    "vmap": 50,
+    "padded": 6,
+    "theano": 5,
 }
-"""Programs per test in the default slice: every one run eagerly against the oracle, 20 of
-them also exported and run in onnxruntime; about three minutes on one core, export dominating."""
+"""Programs per test in the default slice: every one run eagerly against the oracle, 14 of
+them also exported and run in onnxruntime; about two minutes on one core, export dominating."""
 
 
 @pytest.fixture

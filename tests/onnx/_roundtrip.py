@@ -41,8 +41,9 @@ def opset_pairs(
 ) -> list[tuple[str, int]]:
     """The ``(case, opset)`` points the export tests run: every one of ``opsets`` (default
     :data:`OPSETS`) for every case with ``TORCHSCAN_TEST_ALL_OPSETS=1``; else for each case the
-    oldest opset, 18 (what torch.onnx builds, converted by nothing) and the newest, and one
-    more in turn, so that every opset is exported by some cases and every case at its extremes.
+    oldest opset, 18 (what torch.onnx builds, converted by nothing) and the newest, and for every
+    other case one more in turn, so that every opset is exported by some cases (of a suite of 18
+    cases or more) and every case at its extremes.
     With ``per_case``, each case gets that many of ``opsets`` in turn instead (each opset is
     then exported by a share of the cases)."""
     allowed = sorted(opsets or OPSETS)
@@ -60,8 +61,9 @@ def opset_pairs(
     rest = [o for o in allowed if o not in fixed]
     pairs = []
     for index, name in enumerate(names):
-        chosen = [*fixed, rest[index % len(rest)]] if rest else fixed
-        pairs += [(name, opset) for opset in sorted(chosen)]
+        # every other case one more opset, in turn
+        extra = [rest[(index // 2) % len(rest)]] if rest and index % 2 == 0 else []
+        pairs += [(name, opset) for opset in sorted([*fixed, *extra])]
     return pairs
 
 
