@@ -76,6 +76,33 @@ def test_no_xs_and_no_length() -> None:
         torchscan.scan(identity, torch.ones(2))
 
 
+@pytest.mark.parametrize(
+    ("xs", "shown"), [([], "list []"), ({}, "dict {}"), ((None, []), "tuple (None, [])")]
+)
+def test_empty_xs_need_a_length_as_in_jax(xs, shown: str) -> None:
+    """As ``jax.lax.scan``: a pytree of sequences with no tensor says nothing of the number of
+    steps, which ``length`` gives."""
+    with errors(
+        ValueError,
+        f"torchscan.scan: length is needed when xs has no tensors (xs is {shown}); "
+        "pass length=<number of steps>.",
+    ):
+        torchscan.scan(identity, torch.ones(2), xs)
+    carry, ys = torchscan.scan(lambda c, x: (c + 1, x), torch.zeros(2), xs, length=3)
+    assert carry.tolist() == [3.0, 3.0]
+    assert ys == xs
+
+
+def test_a_python_number_as_init_is_refused_with_its_conversion() -> None:
+    with errors(
+        TypeError,
+        "torchscan.scan: every leaf of init must be a tensor or None, but:",
+        "  * init is a float",
+        "Convert numbers and arrays with torch.as_tensor(...).",
+    ):
+        torchscan.scan(lambda c, x: (c + x, c), 0.0, torch.ones(3))
+
+
 def test_negative_length() -> None:
     with errors(ValueError, "torchscan.scan: length must be non-negative, but got -1."):
         torchscan.scan(identity, None, length=-1)

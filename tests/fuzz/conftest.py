@@ -13,7 +13,7 @@ from ._check import REFUSALS, RUNS, SKIPS
 
 DEFAULT_EXAMPLES = {
     "eager": 100,
-    "hoisted": 30,
+    "hoisted": 40,
     "compiled": 3,
     "export": 14,
     "vmap": 50,
