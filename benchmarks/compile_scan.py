@@ -42,6 +42,10 @@ import torch
 import torch._dynamo
 from torch._inductor.utils import fresh_cache
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import suite
+
 import torchscan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,6 +287,8 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         "# torch.compile: torchscan.scan against the compiled Python loop",
         "",
+        env.get("measured", ""),
+        "",
         f"Elman RNN `h = tanh(x @ W + h @ U)`, B={args.B}, H={args.H}, backend `{args.backend}`, "
         f"{args.threads} thread(s); torch {env['torch']}, Python {env['python']}, "
         f"{env['machine']}. Produced by `{command.strip()}` "
@@ -411,6 +417,7 @@ def environment() -> dict[str, Any]:
         "machine": f"{machine}, {os.cpu_count()} cores",
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "measured": suite.measured_on(),
     }
 
 

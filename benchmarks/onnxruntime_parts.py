@@ -167,6 +167,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=21)
     args = parser.parse_args()
     suite.quiet()
+    print(suite.measured_on() + "\n")
     print(f"onnxruntime {ort.__version__}, torch {torch.__version__}, {args.threads} thread(s)")
     print()
     for kind in args.cells:

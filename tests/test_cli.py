@@ -117,7 +117,7 @@ def test_a_clean_model_exits_0_with_a_table(files: Path) -> None:
     assert "Scan and Loop nodes" in done.stdout
     assert done.stdout.rstrip().endswith(
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across reference, onnxruntime, "
-        "onnxruntime-unoptimized, torch"
+        "onnxruntime-unoptimized, imported; no PyTorch baseline or expected outputs took part"
     )
     assert done.stderr == ""
 
@@ -150,11 +150,11 @@ def test_a_model_with_findings_is_run_and_exits_1(files: Path) -> None:
         f"onnxruntime: {onnxruntime}",
         f"onnxruntime-unoptimized: {onnxruntime}",
         "reference: error: Scan: scan_input_axes holds 5, outside [-2, 1]",
-        "torch: error: node #0 (Scan-16) of the main graph: torchscan.scan: in_axes does not fit "
-        "every leaf of xs: * in_axes gives it 5: xs[0] has shape (3, 2), so axis must be in "
+        "imported: error: node #0 (Scan-16) of the main graph: torchscan.scan: in_axes does not "
+        "fit every leaf of xs: * in_axes gives it 5: xs[0] has shape (3, 2), so axis must be in "
         "[-2, 1]",
         "FAILED: 1 finding, onnxruntime error, onnxruntime-unoptimized error, reference error, "
-        "torch error",
+        "imported error",
     ]
 
 
@@ -205,7 +205,7 @@ def test_outputs_that_disagree_with_the_expected_ones_exit_1(files: Path) -> Non
         "onnxruntime": "mismatch",
         "onnxruntime-unoptimized": "mismatch",
         "reference": "mismatch",
-        "torch": "mismatch",
+        "imported": "mismatch",
     }
     ys = report["comparisons"][1]["outputs"][1]
     assert (ys["name"], ys["max_abs"], ys["ok"]) == ("ys", 1.0, False)
@@ -234,8 +234,9 @@ UNREADABLE = [
         "but the file ends 143 bytes into it",
     ),
     (
-        ["mlp.onnx"],
-        "torchscan check: error: mlp.onnx: has no Scan or Loop node; there is nothing to check",
+        ["mlp.onnx", "--lint-only"],
+        "torchscan check: error: mlp.onnx: has no Scan, Loop or If node to lint, and no runtime "
+        "is to run it (--lint-only, runtimes=()); there is nothing to check",
     ),
     (
         ["scan.onnx", "--inputs", "inputs.npz"],
@@ -361,11 +362,18 @@ def test_unreadable_input_with_json_prints_one_json_document(
         (
             ["--runtimes", "onnxruntime,tvm"],
             "argument --runtimes: unknown runtime 'tvm' in 'onnxruntime,tvm'; the runtimes are "
-            "onnxruntime, reference, torch",
+            "onnxruntime, reference, imported",
         ),
         (
-            ["--runtimes", "torch", "--lint-only"],
+            ["--runtimes", "imported", "--lint-only"],
             "--runtimes names runtimes to run, and --lint-only runs none; give one of them",
+        ),
+        (
+            ["--runtimes", "onnxruntime,torch"],
+            "argument --runtimes: unknown runtime 'torch' in 'onnxruntime,torch': the module "
+            "torchscan.onnx.to_torch makes of the model is the runtime 'imported', and eager "
+            "PyTorch is the module given to compare with (--module); the runtimes are "
+            "onnxruntime, reference, imported",
         ),
     ],
     ids=[
@@ -379,6 +387,7 @@ def test_unreadable_input_with_json_prints_one_json_document(
         "module-lint-only",
         "unknown-runtime",
         "runtimes-lint-only",
+        "old-name-of-imported",
     ],
 )
 def test_wrong_options_with_json_print_one_json_document(
@@ -436,9 +445,9 @@ def test_a_loop_that_runs_past_the_timeout_is_stopped_and_exits_1(files: Path) -
         "onnxruntime: timed out after 1 s",
         "onnxruntime-unoptimized: timed out after 1 s",
         "reference: timed out after 1 s",
-        "torch: timed out after 1 s",
+        "imported: timed out after 1 s",
         "FAILED: onnxruntime timed out, onnxruntime-unoptimized timed out, reference timed out, "
-        "torch timed out",
+        "imported timed out",
     ]
     done = torchscan("check", "spin.onnx", "--timeout", "0.5", "--json", cwd=files, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -448,7 +457,7 @@ def test_a_loop_that_runs_past_the_timeout_is_stopped_and_exits_1(files: Path) -
         ("onnxruntime", "timeout", "timed out after 0.5 s"),
         ("onnxruntime-unoptimized", "timeout", "timed out after 0.5 s"),
         ("reference", "timeout", "timed out after 0.5 s"),
-        ("torch", "timeout", "timed out after 0.5 s"),
+        ("imported", "timeout", "timed out after 0.5 s"),
     ]
 
 
@@ -592,7 +601,7 @@ def test_a_module_is_a_further_source_and_the_baseline(baselines: Path) -> None:
         ("onnxruntime", "ok"),
         ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
-        ("torch", "ok"),
+        ("imported", "ok"),
     ]
 
 
@@ -601,7 +610,7 @@ def test_a_module_that_disagrees_exits_1(baselines: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.splitlines()[-1] == (
         "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
-        "torch mismatch"
+        "imported mismatch"
     )
 
 
@@ -738,7 +747,8 @@ def test_a_model_that_draws_noise_exits_0_with_its_random_output_not_compared(
     assert "onnxruntime │ total │ () │ 0 │ 0 │ ok" in rows
     assert done.stdout.splitlines()[-1] == (
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across reference, onnxruntime, "
-        "onnxruntime-unoptimized, torch; values not compared: random (ys, shifted)"
+        "onnxruntime-unoptimized, imported; values not compared: random (ys, shifted); no "
+        "PyTorch baseline or expected outputs took part"
     )
 
 
@@ -759,3 +769,85 @@ def test_a_model_that_no_runtime_runs_exits_3_and_says_why(tmp_path: Path) -> No
         "the model to compare outputs: only reference ran (onnxruntime: not supported by that "
         "runtime; onnxruntime-unoptimized: not supported by that runtime)",
     ]
+
+
+def test_a_flipped_scan_passes_without_a_baseline_and_fails_with_the_module(
+    baselines: Path,
+) -> None:
+    from .onnx.test_compare import cumulative_scan
+
+    onnx.save(cumulative_scan(reverse=True), baselines / "flipped.onnx")
+    done = torchscan("check", "flipped.onnx", cwd=baselines)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-2:] == [
+        "note: no PyTorch baseline took part: the runtimes were held against each other only, so "
+        "a model that computes the wrong thing the same way in every runtime (a wrong weight, a "
+        "scan run in the wrong direction) passes. Give the PyTorch module (--module, module=) or "
+        "the expected outputs (output_*.pb files next to the inputs, expected=) to catch it.",
+        "OK: 1 Scan/Loop node checked, no findings; outputs agree across reference, onnxruntime, "
+        "onnxruntime-unoptimized, imported; no PyTorch baseline or expected outputs took part",
+    ]
+    done = torchscan("check", "flipped.onnx", "--module", "baselines:make", cwd=baselines)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "imported mismatch"
+    )
+    assert "no PyTorch baseline" not in done.stdout
+
+
+def _save_case(folder: Path, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+    """An ONNX test case's data set: input_*.pb and output_*.pb."""
+    folder.mkdir()
+    for kind, values in (("input", inputs), ("output", outputs)):
+        for i, value in enumerate(values):
+            tensor = numpy_helper.from_array(np.asarray(value), f"{kind}_{i}")
+            (folder / f"{kind}_{i}.pb").write_bytes(tensor.SerializeToString())
+
+
+def test_an_lstm_model_gets_a_verdict(tmp_path: Path) -> None:
+    from .onnx.test_compare import lstm_model
+
+    model, module, x = lstm_model()
+    onnx.save(model, tmp_path / "lstm.onnx")
+    done = torchscan("check", "lstm.onnx", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "If and recurrent nodes" in done.stdout
+    assert done.stdout.splitlines()[-1] == (
+        "OK: no Scan, Loop or If node to lint, no findings; outputs agree across reference, "
+        "onnxruntime, onnxruntime-unoptimized, imported; no PyTorch baseline or expected outputs "
+        "took part"
+    )
+    import torch
+
+    with torch.no_grad():
+        want = module(x).numpy()
+    _save_case(tmp_path / "wrong", [x.numpy()], [want + 1e-3])
+    done = torchscan("check", "lstm.onnx", "--inputs", "wrong", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "imported mismatch"
+    )
+
+
+def test_an_if_model_gets_a_verdict_and_is_linted(tmp_path: Path) -> None:
+    from .onnx.test_compare import if_model
+
+    onnx.save(if_model(), tmp_path / "if.onnx")
+    done = torchscan("check", "if.onnx", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("OK: 1 If node checked, no findings; ")
+    done = torchscan("check", "if.onnx", "--lint-only", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "OK: 1 If node checked, no findings"
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    _save_case(tmp_path / "right", [np.array(False), x], [x * 2])
+    _save_case(tmp_path / "wrong", [np.array(False), x], [x + 1])
+    done = torchscan("check", "if.onnx", "--inputs", "right", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = torchscan("check", "if.onnx", "--inputs", "wrong", "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert (report["status"], report["ok"]) == ("failed", False)
+    assert report["other_nodes"] == [{"node": "If 'pick'", "op": "If-16"}]

@@ -165,3 +165,41 @@ def test_the_site_check_finds_each_defect(
     check = _load(ROOT / "docs" / "_check_site.py")
     site = _site(tmp_path, reference, page or "<p>text</p>")
     assert any(problem in found for found in check.problems(site, [public]))
+
+
+# -- figures that say when they were measured -------------------------------------------------
+
+DATED = re.compile(r"[Mm]easured on \d{4}-\d{2}-\d{2}")
+PAGES_OF_FIGURES = sorted((ROOT / "docs" / "benchmarks").rglob("*.md"))
+
+
+@pytest.mark.parametrize("page", PAGES_OF_FIGURES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_page_of_figures_says_when_they_were_measured(page: Path) -> None:
+    intro = page.read_text().split("\n## ", 1)[0]
+    assert DATED.search(intro), f"{page}: no 'Measured on YYYY-MM-DD' before its first section"
+
+
+@pytest.mark.parametrize("page", ["docs/benchmarks.md", "README.md"])
+def test_every_table_of_figures_says_when_it_was_measured(page: str) -> None:
+    """A table of figures (one with a column of numbers aligned right) has a date in its
+    section, or in the section that holds it."""
+    lines = (ROOT / page).read_text().splitlines()
+    for number, line in enumerate(lines):
+        if not (line.startswith("| ---") and "---:" in line):
+            continue
+        text, level = [], 7
+        for previous in reversed(lines[:number]):
+            heading = re.match(r"(#+) ", previous)
+            if heading and len(heading[1]) < level:
+                level = len(heading[1])
+                if level <= 2:
+                    break
+            text.append(previous)
+        assert DATED.search("\n".join(text)), f"{page}:{number + 1}: a table without a date"
+
+
+def test_the_site_keeps_code_lines_and_knows_its_address() -> None:
+    css = (ROOT / "docs" / "stylesheets" / "extra.css").read_text()
+    assert "pre-wrap" not in css  # code scrolls sideways; wrapped, signatures and reports break
+    assert re.search(r"white-space:\s*pre;", css)
+    assert re.search(r"^site_url: https://\S+/$", (ROOT / "mkdocs.yml").read_text(), re.M)

@@ -733,3 +733,117 @@ def test_gradcheck_and_gradgradcheck_through_the_hoisted_loop():
     assert torch.autograd.gradcheck(loss, (xs, h0))
     assert torch.autograd.gradgradcheck(loss, (xs, h0))
     assert _hoist.last.what == "hoisted"
+
+
+# ---------------------------------------------------------------------------------------------
+# Copies that change nothing cost nothing
+
+
+def delta_rule_with_copies(S, x):
+    """The delta rule as reference implementations write it: copies before reads and updates."""
+    q, k, v, beta = x
+    v = v.clone()
+    v = (v - (S.clone() * k[..., None]).sum(-2)) * beta[..., None]
+    S = S.clone() + k.unsqueeze(-1) * v.unsqueeze(-2)
+    return S, torch.einsum("bd,bdm->bm", q, S)
+
+
+def delta_rule_updated_in_place(S, x):
+    q, k, v, beta = x
+    S = S.clone()
+    v_old = (S * k[..., None]).sum(-2)
+    S += k.unsqueeze(-1) * (beta[..., None] * (v - v_old)).unsqueeze(-2)
+    return S, torch.einsum("bd,bdm->bm", q, S)
+
+
+@pytest.mark.parametrize("step", [delta_rule_with_copies, delta_rule_updated_in_place])
+def test_copies_before_reads_and_updates_are_left_out_of_the_loop(step):
+    # The Python loop of the in-place update cannot be differentiated (S * k saves the copy
+    # that += then changes): compared without gradients.
+    grad = step is delta_rule_with_copies
+    xs = tuple(torch.randn(T, B, H, requires_grad=grad) for _ in range(3))
+    xs += (torch.rand(T, B, requires_grad=grad),)
+    S = torch.randn(B, H, H, requires_grad=grad)
+    (carry, ys), what, reason = run_until_traced(step, S, xs)
+    assert what == "hoisted", reason
+    hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
+    assert not [op for op in hoisted.operations if "clone" in op or "copy" in op]
+    want = scan_loop(step, S, xs)
+    close((carry, ys), want)
+    if grad:
+        got, expected = grads((carry, ys), [S, *xs]), grads(want, [S, *xs])
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e)
+
+
+def keeps_a_copy_of_a_value_it_then_changes(c, x):
+    a = x * 2
+    b = a.clone()
+    a.add_(1)
+    return c + a * b, b
+
+
+def reads_a_view_of_the_copy_before_the_write(c, x):
+    d = c.clone()
+    first = d[0]
+    d.mul_(3)
+    return d + first, first * 1
+
+
+def returns_the_copy(c, x):
+    return c.clone(), x.clone()
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        keeps_a_copy_of_a_value_it_then_changes,
+        reads_a_view_of_the_copy_before_the_write,
+        returns_the_copy,
+    ],
+)
+def test_copies_that_matter_are_kept(step):
+    xs, c = torch.randn(T, B, H), torch.randn(B, H)
+    before = c.clone()
+    (carry, ys), what, reason = run_until_traced(step, c, xs)
+    assert what == "hoisted", reason
+    close((carry, ys), scan_loop(step, c, xs))
+    if step is returns_the_copy:  # the carry returned is never the caller's tensor
+        assert carry.data_ptr() != c.data_ptr()
+        carry.add_(1)
+        assert torch.equal(c, before)
+
+
+def test_a_distribution_that_checks_its_arguments_is_not_hoisted_naming_validate_args():
+    def step(c, x):
+        d = torch.distributions.Normal(x, torch.ones_like(x), validate_args=True)
+        return c + d.log_prob(c), c
+
+    xs, c = torch.randn(T, H), torch.zeros(H)
+    with pytest.warns(torchscan.HoistWarning) as record:
+        got = torchscan.scan(step, c, xs, hoist=True)
+    (warning,) = record
+    assert str(warning.message).endswith(
+        "torch.distributions checks the values of a distribution's arguments when it is made "
+        "(validate_args), which reads them: make it with validate_args=False "
+        "(torch.distributions.Normal(loc, scale, validate_args=False)), or turn the checks off "
+        "for every distribution with "
+        "torch.distributions.Distribution.set_default_validate_args(False). It runs as the "
+        "Python loop, every step as written."
+    )
+    close(got, scan_loop(step, c, xs))
+
+
+def test_until_of_a_python_bool_is_refused_as_the_python_loop_refuses_it():
+    def step(c, x):
+        return c + x, None, torchscan.until(True)
+
+    for hoist in (True, None, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # hoist=True does not warn: it is no hoisting matter
+            with pytest.raises(torchscan.TorchscanTypeError) as info:
+                torchscan.scan(step, torch.zeros(2), torch.ones(3, 2), hoist=hoist)
+        assert str(info.value) == (
+            "torchscan.scan: until(stop) needs stop to be a 0-d bool tensor, but fn returned a "
+            "bool in step 0."
+        )

@@ -225,3 +225,34 @@ def test_no_iteration_and_a_body_that_needs_data() -> None:
         f"it reads the value of a tensor at {__file__}:{line}, which fake tensors (no data) do "
         "not have, and called on zeros it failed with "
     )
+
+
+def test_a_carry_grown_by_concatenation_is_shown_both_idioms() -> None:
+    from .test_scan_errors import grown
+
+    def body(i, out):
+        return torch.cat((out, out[-1:] + 1), 0), None
+
+    with errors(
+        TypeError,
+        "torchscan.loop: the carry must keep its type, but body changed it in its first iteration:",
+        "  * carry has shape (1,) but body returned shape (2,)",
+        *grown("carry", 0, "body", "def body(i, carry):", "i"),
+    ):
+        torchscan.loop(body, torch.zeros(1), trip_count=4)
+
+
+def test_a_body_that_does_not_take_two_arguments_is_named() -> None:
+    def body(carry):
+        return carry, None
+
+    code = body.__code__
+    with errors(
+        TypeError,
+        f"torchscan.loop: body ({body.__qualname__}), defined at {code.co_filename}:"
+        f"{code.co_firstlineno}, must take two arguments, as torchscan.loop calls it "
+        "body(i, carry) at every iteration, i being the iteration number (a 0-d int64 tensor), "
+        "but its parameters are (carry). Give it the parameters (i, carry); a body that reads no "
+        "i still takes it: def body(_, carry).",
+    ):
+        torchscan.loop(body, torch.zeros(3), trip_count=2)

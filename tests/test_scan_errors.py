@@ -214,8 +214,7 @@ def test_carry_changes_in_a_later_step() -> None:
         TypeError,
         "torchscan.scan: the carry must keep its type, but fn changed it in step 2:",
         "  * carry has shape (2,) but fn returned shape (4,)",
-        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
-        "init).",
+        *grown("carry", 0, "fn", "def step(carry, x):", "i"),
     ):
         torchscan.scan(grows_late, torch.ones(2), torch.arange(3.0))
 
@@ -417,3 +416,93 @@ def test_a_failure_to_make_fake_tensors_leaves_no_probe_behind(monkeypatch) -> N
     assert torch.equal(carry, torch.ones(2))
     assert (ys.shape, ys.dtype) == ((0, 2), torch.bool)
     assert not _outputs.probing_shapes()
+
+
+# -- a carry that grows, and the two idioms that replace it -----------------------------------
+
+
+def grown(name: str, axis: int, fn_name: str, first: str, at: str) -> tuple[str, ...]:
+    return (
+        f"{name} grew along axis {axis}: a carry keeps its shape at every step, so a sequence "
+        f"grown by concatenation (torch.cat((out, token), {axis})) cannot be carried. Return "
+        f"each step's token as the output y of {fn_name} instead, which is stacked for you:",
+        f"    {first}",
+        "        token = ...  # this step's token",
+        "        return carry, token  # ys[t] is the token of step t",
+        "or write it into a buffer made before the loop, at the iteration number:",
+        "    def body(i, buf):",
+        f"        buf = buf.clone(); buf[{at}] = ...  # this iteration's token",
+        "        return buf, None",
+        "    buf, _ = torchscan.loop(body, buffer_of_every_token, trip_count=n)",
+    )
+
+
+LOGITS = torch.randn(5, 2, 7)  # (steps, batch, vocabulary)
+
+
+def test_a_carry_grown_by_concatenation_is_shown_both_idioms() -> None:
+    def decode(c, logits):
+        tokens, h = c
+        tokens = torch.cat((tokens, (logits + h).argmax(-1, keepdim=True)), 1)
+        return (tokens, h), None
+
+    with errors(
+        TypeError,
+        "torchscan.scan: the carry must keep its type, but fn changed it in its first step:",
+        "  * carry[0] has shape (2, 1) but fn returned shape (2, 2)",
+        *grown("carry[0]", 1, "fn", "def step(carry, x):", ":, i"),
+    ):
+        torchscan.scan(decode, (torch.zeros(2, 1, dtype=torch.long), torch.zeros(2, 7)), LOGITS)
+
+
+def test_the_idioms_shown_for_a_grown_carry_work() -> None:
+    # the Python loop they replace
+    tokens = torch.zeros(2, 0, dtype=torch.long)
+    for logits in LOGITS:
+        tokens = torch.cat((tokens, logits.argmax(-1, keepdim=True)), 1)
+
+    # the token as the step's output
+    def step(carry, x):
+        token = x.argmax(-1)
+        return carry, token
+
+    _, ys = torchscan.scan(step, None, LOGITS)
+    assert torch.equal(ys.T, tokens)
+
+    # a buffer written at the iteration number
+    def body(i, buf):
+        buf = buf.clone()
+        buf[:, i] = LOGITS[i].argmax(-1)
+        return buf, None
+
+    buf, _ = torchscan.loop(body, torch.zeros(2, 5, dtype=torch.long), trip_count=5)
+    assert torch.equal(buf, tokens)
+
+
+# -- a step function that takes another number of arguments -----------------------------------
+
+
+def takes_one(c):
+    return c, c
+
+
+def takes_three(c, x, extra):
+    return c, c
+
+
+@pytest.mark.parametrize("fn", [takes_one, takes_three], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("calls", [1, 2])  # the second call reuses the first one's checked plan
+def test_a_step_function_that_does_not_take_two_arguments_is_named(fn, calls) -> None:
+    signature = "(c)" if fn is takes_one else "(c, x, extra)"
+    code = fn.__code__
+    for _ in range(calls - 1):  # a call of the same kinds of arguments with a right step
+        torchscan.scan(lambda c, x: (c, c), torch.zeros(3), torch.ones(4, 3))
+    with errors(
+        TypeError,
+        f"torchscan.scan: fn ({fn.__qualname__}), defined at {code.co_filename}:"
+        f"{code.co_firstlineno}, must take two arguments, as torchscan.scan calls it fn(carry, x) "
+        "at every step, x being the step's slice of xs (None when xs is None), but its "
+        f"parameters are {signature}. Give it the parameters (carry, x); a step that reads no x "
+        "still takes it: def step(carry, _).",
+    ):
+        torchscan.scan(fn, torch.zeros(3), torch.ones(4, 3))

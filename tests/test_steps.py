@@ -12,6 +12,8 @@ import torch
 import torchscan
 from torchscan import theano
 
+from .test_scan_errors import grown
+
 REMEDY = (
     "An exported loop could not do the same. Compute new tensors instead: h = h * 2 rather than "
     "h.mul_(2) or h *= 2, and o = o.clone() before writing into o[i]."
@@ -382,8 +384,7 @@ def test_a_loop_carry_that_changes_shape_at_a_later_iteration_is_named() -> None
     assert str(info.value) == (
         "torchscan.loop: the carry must keep its type, but body changed it in iteration 3:\n"
         "  * carry['h'] has shape (2,) but body returned shape (4,)\n"
-        "Return a carry with the shape, dtype and device of init (cast or reshape it, or change "
-        "init)."
+        + "\n".join(grown("carry['h']", 0, "body", "def body(i, carry):", "i"))
     )
 
 

@@ -153,22 +153,59 @@ def test_vmap_of_loop_is_vmap_of_the_python_loop(in_dims) -> None:
     torch.testing.assert_close(grad, expected(init))
 
 
-def test_vmap_of_a_loop_that_stops_with_until_is_refused() -> None:
+def body_that_stops(i, h):
+    h = h * 2
+    return h, None, torchscan.until(h.sum() > 10)
+
+
+def step_that_stops(h, x):
+    h = h * 2 + x
+    return h, None, torchscan.until(h.sum() > 10)
+
+
+REFUSAL = (
+    "{api}: {fn} returned until(stop) under torch.func.vmap, where each example would stop at "
+    "its own step, and a vmapped function runs every example through the same steps. {remedy}: "
+    "done = done | stop; h = torch.where(done, h, new_h)."
+)
+BOUNDED = (
+    "Return no until, and keep a done flag in the carry instead, so that every example runs "
+    "every step and an example that is done keeps its carry"
+)
+
+
+@pytest.mark.parametrize(
+    ("run", "api", "fn", "remedy"),
+    [
+        (
+            lambda h: torchscan.loop(body_that_stops, h, trip_count=10)[0],
+            "torchscan.loop",
+            "body",
+            BOUNDED,
+        ),
+        (
+            lambda h: torchscan.loop(body_that_stops, h)[0],
+            "torchscan.loop",
+            "body",
+            "Give the loop a bound (trip_count=) and return no until, keeping a done flag in the "
+            "carry instead",
+        ),
+        (
+            lambda h: torchscan.scan(step_that_stops, h, torch.ones(5, 3))[0],
+            "torchscan.scan",
+            "fn",
+            BOUNDED,
+        ),
+    ],
+    ids=["loop with trip_count", "loop without", "scan"],
+)
+def test_vmap_of_a_loop_that_stops_with_until_is_refused(run, api, fn, remedy) -> None:
     """Every example would stop at its own step, which a vmapped function cannot do; vmap refuses
-    the Python loop's ``if stop: break`` as well."""
-
-    def body(i, h):
-        h = h * 2
-        return h, None, torchscan.until(h.sum() > 10)
-
+    the Python loop's ``if stop: break`` as well. A loop with a bound is told to drop until, one
+    without to take a bound."""
     with pytest.raises(torchscan.TorchscanValueError) as info:
-        torch.func.vmap(lambda h: torchscan.loop(body, h, trip_count=10)[0])(torch.rand(4, 3))
-    assert str(info.value) == (
-        "torchscan.loop: body returned until(stop) under torch.func.vmap, where each example "
-        "would stop at its own step, and a vmapped function runs every example through the same "
-        "steps. Give the loop a bound (trip_count=, or scan over the whole sequence) and keep a "
-        "done flag in the carry instead: done = done | stop; h = torch.where(done, h, new_h)."
-    )
+        torch.func.vmap(run)(torch.rand(4, 3))
+    assert str(info.value) == REFUSAL.format(api=api, fn=fn, remedy=remedy)
 
 
 def test_vmap_of_a_scan_of_no_step_whose_step_runs_a_loop() -> None:

@@ -8,7 +8,9 @@ one is known. None of these checks touches tensor data: they read shapes, dtypes
 from __future__ import annotations
 
 import contextlib
+import inspect
 import operator
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch
 from torchscan import _pytree
 from torchscan._compat import run_untraced_by_dynamo
 from torchscan._errors import ExportError, TorchscanTypeError, TorchscanValueError
+from torchscan._source import StepSource
 from torchscan._until import Until
 
 
@@ -41,6 +44,40 @@ def bullets(lines: Sequence[str]) -> str:
 def check_callable(api: str, name: str, fn: Any) -> None:
     if not callable(fn):
         raise TorchscanTypeError(f"{api}: {name} must be callable, but got {describe(fn)}.")
+
+
+_TAKES_TWO: set[types.CodeType] = set()
+
+
+def check_parameters(api: str, name: str, fn: Any, call: str, meaning: str, remedy: str) -> None:
+    """Refuse a step function that cannot be called with two positional arguments, as ``api``
+    calls it: ``call`` (``fn(carry, x)``), ``meaning`` what the arguments are, ``remedy`` how
+    to write it. A callable whose signature cannot be read (a builtin) is called as it is."""
+    if torch.compiler.is_dynamo_compiling():  # TorchDynamo's own error, as for any call
+        return
+    # a function's parameters are those of its code (read once per code: the check runs at
+    # every call, that of a plan reused too)
+    key = fn.__code__ if type(fn) is types.FunctionType and not fn.__defaults__ else None
+    if key is not None and key in _TAKES_TWO:
+        return
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        signature = inspect.signature(target, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None, None)
+        if key is not None:
+            if len(_TAKES_TWO) >= 4096:
+                _TAKES_TWO.clear()
+            _TAKES_TWO.add(key)
+    except TypeError:
+        source = StepSource.of(fn, api, name)
+        where = f", defined at {source.defined}," if source.defined else ""
+        raise TorchscanTypeError(
+            f"{source.who}{where} must take two arguments, as {api} calls it {call} {meaning}, "
+            f"but its parameters are {signature}. {remedy}"
+        ) from None
 
 
 def refuse_torchscript(api: str) -> None:
@@ -254,12 +291,55 @@ class CarryType:
             for name, old, new in zip(names, self.leaves, leaves, strict=True)
             if not _same_type(old, new) and (change := _leaf_change(name, old, new, fn_name))
         ]
+        grown = next(
+            (
+                (name, axis)
+                for name, old, new in zip(names, self.leaves, leaves, strict=True)
+                if (axis := _grown_axis(old, new)) is not None
+            ),
+            None,
+        )
+        remedy = (
+            _growing_remedy(*grown, fn_name)
+            if grown is not None
+            else "Return a carry with the shape, dtype and device of init (cast or reshape it, "
+            "or change init)."
+        )
         raise TorchscanTypeError(
             f"{api}: the carry must keep its type, but {fn_name} changed it{where}:"
-            f"{bullets(changes)}\n"
-            "Return a carry with the shape, dtype and device of init (cast or reshape it, or "
-            "change init)."
+            f"{bullets(changes)}\n{remedy}"
         )
+
+
+def _grown_axis(old: Any, new: Any) -> int | None:
+    """The axis along which ``new`` is ``old`` grown (a sequence extended by ``torch.cat``):
+    the same dtype and rank, every size the same but that one, larger."""
+    if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
+        return None
+    if old.dtype != new.dtype or old.ndim != new.ndim:
+        return None
+    changed = [a for a, (o, n) in enumerate(zip(old.shape, new.shape, strict=True)) if o != n]
+    if len(changed) == 1 and new.shape[changed[0]] > old.shape[changed[0]]:
+        return changed[0]
+    return None
+
+
+def _growing_remedy(name: str, axis: int, fn_name: str) -> str:
+    first = "def body(i, carry):" if fn_name == "body" else "def step(carry, x):"
+    at = ":, " * axis + "i"
+    return (
+        f"{name} grew along axis {axis}: a carry keeps its shape at every step, so a sequence "
+        f"grown by concatenation (torch.cat((out, token), {axis})) cannot be carried. Return "
+        f"each step's token as the output y of {fn_name} instead, which is stacked for you:\n"
+        f"    {first}\n"
+        "        token = ...  # this step's token\n"
+        "        return carry, token  # ys[t] is the token of step t\n"
+        "or write it into a buffer made before the loop, at the iteration number:\n"
+        "    def body(i, buf):\n"
+        f"        buf = buf.clone(); buf[{at}] = ...  # this iteration's token\n"
+        "        return buf, None\n"
+        "    buf, _ = torchscan.loop(body, buffer_of_every_token, trip_count=n)"
+    )
 
 
 def _same_shape(old: tuple[torch.Size, torch.dtype] | None, new: Any) -> bool:

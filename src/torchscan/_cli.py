@@ -115,12 +115,14 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     check = commands.add_parser(
         "check",
-        help="lint the Scan and Loop nodes of an ONNX model and compare runtimes on it",
+        help="lint the Scan, Loop and If nodes of an ONNX model and compare runtimes on it",
         description=(
-            "Lint every Scan and Loop node of MODEL against the rules of its version, run the "
-            "model in onnxruntime, onnx's reference evaluator and PyTorch (the model imported "
-            "by torchscan.onnx.to_torch), and compare their outputs "
-            "(with the expected outputs where the inputs come with them). Exit status: 0 "
+            "Lint every Scan, Loop and If node of MODEL against the rules of its version, run "
+            "the model in onnxruntime, onnx's reference evaluator and the module "
+            "torchscan.onnx.to_torch makes of it (imported), and compare their outputs "
+            "(with the expected outputs where the inputs come with them, and with a PyTorch "
+            "module given by --module: without either, a model that computes the wrong thing "
+            "the same way in every runtime passes). Exit status: 0 "
             "clean, 1 findings, mismatches or timeouts, 2 unreadable input or wrong options, "
             "3 not compared (fewer than two independent runtimes ran the model), 130 Ctrl-C."
         ),
@@ -153,8 +155,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_runtimes,
         default=None,
         metavar="NAMES",
-        help="the runtimes to run, comma-separated, among onnxruntime, reference and torch "
-        "(all three by default)",
+        help="the runtimes to run, comma-separated, among onnxruntime, reference and imported "
+        "(the module torchscan.onnx.to_torch makes of the model; all three by default)",
     )
     check.add_argument(
         "--timeout",
@@ -206,14 +208,14 @@ def _seconds(text: str) -> float:
 
 
 def _runtimes(text: str) -> tuple[str, ...]:
+    from torchscan.onnx._check._compare import unknown_runtime
     from torchscan.onnx._check._runtimes import RUNTIMES
 
     names = tuple(name.strip() for name in text.split(","))
     unknown = [name for name in names if name not in RUNTIMES]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown runtime {unknown[0]!r} in {text!r}; the runtimes are {', '.join(RUNTIMES)}"
-        )
+        name = unknown[0] if unknown else ""
+        raise argparse.ArgumentTypeError(unknown_runtime(name, f" in {text!r}", "--module"))
     return tuple(dict.fromkeys(names))
 
 

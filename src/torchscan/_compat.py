@@ -71,6 +71,8 @@ __all__ = [
     "cxx_pytree",
     "detect_fake_mode",
     "disable_proxy_modes_tracing",
+    "dynamo_graph_break",
+    "dynamo_graph_nodes",
     "functorch_transforms_active",
     "guard_on_data_dependent_error",
     "map_over",
@@ -86,6 +88,7 @@ __all__ = [
     "register_stack_trace_anchor",
     "run_untraced_by_dynamo",
     "runs_eagerly",
+    "saved_tensors_hooks_active",
     "shape_env",
     "symbolic_symbols",
     "torch_function_of",
@@ -298,6 +301,22 @@ DYNAMO_CONSTANT_MARK = "_dynamo_marked_constant"
 set here without importing TorchDynamo; held by tests/test_compat.py."""
 
 
+def dynamo_graph_nodes() -> list[torch.fx.Node]:
+    """The nodes of the graph TorchDynamo is building (placeholders first), read by a function
+    it calls untraced (:func:`run_untraced_by_dynamo`) while it traces."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    return list(InstructionTranslator.current_tx().output.graph.nodes)
+
+
+def dynamo_graph_break(reason: str) -> None:
+    """Ask TorchDynamo, tracing the caller, to break the graph here (``reason`` is what its
+    graph-break logs and errors say)."""
+    from torch._dynamo import graph_break
+
+    graph_break(reason)
+
+
 def run_untraced_by_dynamo(fn: Any) -> Any:
     """``fn``, marked so that TorchDynamo calls it as it traces instead of tracing it: an error it
     raises reaches the caller of ``torch.export.export(..., strict=True)`` unchanged, where an
@@ -333,6 +352,13 @@ def runs_eagerly(tensors: Any) -> bool:
         return False
     plain = (torch.Tensor, torch.nn.Parameter)
     return all(type(t) in plain for t in tensors if isinstance(t, torch.Tensor))
+
+
+def saved_tensors_hooks_active() -> bool:
+    """Whether ``torch.autograd.graph.saved_tensors_hooks`` are in force: ``torch.utils.checkpoint``
+    (which holds a recomputation to save what its forward saved), activation offloading."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks  # pyright: ignore[reportAttributeAccessIssue]
+    return hooks(False) is not None
 
 
 def functorch_transforms_active() -> bool:
@@ -513,6 +539,13 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "the smallest length of a scan, from the ranges of the exported program's sizes",
         ("expr", "ranges"),
     ),
+    # autograd
+    PrivateSymbol(
+        "torch._C._autograd",
+        "_top_saved_tensors_default_hooks",
+        "whether saved-tensor hooks are in force (torch.utils.checkpoint): a scan then takes the "
+        "same path in a recomputation as in its forward",
+    ),
     # torch.compile
     PrivateSymbol(
         "torch._higher_order_ops.scan",
@@ -550,6 +583,18 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "skip_code",
         "find a graph break in the first step of a compiled scan",
         ("code",),
+    ),
+    PrivateSymbol(
+        "torch._dynamo.symbolic_convert",
+        "InstructionTranslator.current_tx",
+        "read the graph of a compiled scan's first step: the changes in place it makes",
+    ),
+    PrivateSymbol(
+        "torch._dynamo.decorators",
+        "graph_break",
+        "run the first step of a compiled scan that changes an argument in place eagerly, where "
+        "it is checked",
+        ("msg",),
     ),
     PrivateSymbol(
         "torch._functorch.config",

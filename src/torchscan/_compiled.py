@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from torchscan import _compat, _compiled_hoist, _eager, _pytree
+from torchscan import _compat, _compiled_hoist, _eager, _inplace, _pytree
 from torchscan._eager import device_of
 from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._steps import Protocol
 
-__all__ = ["first_step", "loop", "loop_operators_apply", "scan"]
+__all__ = ["FirstStep", "first_step", "loop", "loop_operators_apply", "scan"]
 
 
 def scan(plan: ScanPlan) -> tuple[Any, Any]:
@@ -54,12 +56,19 @@ def scan(plan: ScanPlan) -> tuple[Any, Any]:
         return _pytree.tree_unflatten(leaves, plan.xs_spec)
 
     _skip_first_step()
-    out, broke = first_step(plan.fn, plan.carry.init, take(n - 1 if reverse else 0))
+    first = first_step(
+        plan.fn,
+        plan.carry.init,
+        take(n - 1 if reverse else 0),
+        lambda item: protocol.checked_first(plan.fn, plan.carry, item, plan.user),
+    )
+    out = first.out
     has_until = protocol.check_first(out, plan.carry, plan.out)
-    if broke or not loop_operators_apply(out, has_until):
+    if first.broke or not loop_operators_apply(out, has_until):
         # fn breaks the graph, or torch cannot train the loop operator: the other steps run as
         # eagerly (TorchDynamo unrolls them where it can trace them)
-        steps = _eager.slices(plan)
+        indexed = first.reshaped_items(plan.carry.n_tensors, len(xs))
+        steps = _eager.slices(plan, indexed=indexed)
         later = list(reversed(steps))[1:] if reverse else steps[1:]
         carry, ys = protocol.run_after_first(plan.fn, later, plan.carry, out)
         return carry, protocol.outputs.stack(ys, plan.out)
@@ -76,6 +85,7 @@ def scan(plan: ScanPlan) -> tuple[Any, Any]:
             reverse=reverse and realign,
             axis=axis,
             device=device,
+            copied=first.reshapes_views,
         )
     return run_scan(
         plan.fn,
@@ -89,6 +99,7 @@ def scan(plan: ScanPlan) -> tuple[Any, Any]:
         realign=realign,
         axis=axis,
         hoist=plan.hoist,
+        copied=first.reshapes_views,
     )
 
 
@@ -103,11 +114,14 @@ def loop(plan: LoopPlan) -> tuple[Any, Any]:
         return body(i, carry)
 
     _skip_first_step()
-    out, broke = first_step(call, plan.carry.init, first)
+    found = first_step(
+        call, plan.carry.init, first, lambda i: protocol.checked_first(call, plan.carry, i, body)
+    )
+    out = found.out
     has_until = protocol.check_first(out, plan.carry, plan.out, plan.never_ends or None)
     y_tensors = any(leaf is not None for leaf in _pytree.tree_leaves(out[1]))
     if (
-        broke
+        found.broke
         or not loop_operators_apply(out, has_until)
         or (has_until and trips is None and y_tensors)
     ):
@@ -117,27 +131,176 @@ def loop(plan: LoopPlan) -> tuple[Any, Any]:
         carry, ys = protocol.run_after_first(call, counter, plan.carry, out)
         return carry, protocol.outputs.stack(ys, plan.out)
     init = plan.carry.init
+    copied = found.reshapes_views
     if has_until:
         return run_loop(
-            call, protocol, init, out, lambda i: i, trips, reverse=False, axis=0, device=device
+            call,
+            protocol,
+            init,
+            out,
+            lambda i: i,
+            trips,
+            reverse=False,
+            axis=0,
+            device=device,
+            copied=copied,
         )
     assert trips is not None  # without until, check_first refused a loop that never ends
     counter = torch.arange(trips, device=device)
     spec = _pytree.tree_structure(first)
     return run_scan(
-        call, protocol, init, out, [counter], spec, trips, reverse=False, realign=True, axis=0
+        call,
+        protocol,
+        init,
+        out,
+        [counter],
+        spec,
+        trips,
+        reverse=False,
+        realign=True,
+        axis=0,
+        copied=copied,
     )
 
 
-def first_step(fn: Callable[[Any, Any], Any], carry: Any, item: Any) -> tuple[Any, bool]:
-    """``fn(carry, item)``, and whether it ran without TorchDynamo (``True`` after a graph break
-    in ``fn``).
+@dataclasses.dataclass(frozen=True)
+class FirstStep:
+    """What the first step of a compiled loop returned (``out``), and what it showed.
+
+    ``broke``: it ran without TorchDynamo, after a graph break in the step (or one this module
+    asked for); then ``bumps`` are the version bumps per step the eager loop's first step
+    allowed each argument (carry tensors, then the item's). ``reshapes_views``: traced by
+    TorchDynamo, it reshaped a view of an argument in place (``x.unsqueeze(0).squeeze_(0)``),
+    which changes no argument but bumps its version, which torch's loop operators take for a
+    change: their step is then given copies of its arguments.
+    """
+
+    out: Any
+    broke: bool
+    bumps: tuple[int, ...] = ()
+    reshapes_views: bool = False
+
+    def reshaped_items(self, n_carry: int, n_items: int) -> list[bool]:
+        """Which tensors of the item (an ``x`` of every ``xs`` leaf that is a tensor) the step
+        reshapes through a view in place, each read then one index at a time."""
+        if self.reshapes_views:
+            return [True] * n_items
+        return [b != 0 for b in self.bumps[n_carry:]]
+
+
+def first_step(
+    fn: Callable[[Any, Any], Any],
+    carry: Any,
+    item: Any,
+    checked: Callable[[Any], tuple[Any, tuple[int, ...]]],
+) -> FirstStep:
+    """``fn(carry, item)``, traced by TorchDynamo as it is, or run without it after a graph break.
 
     TorchDynamo inlines this function into the frame it traces, where ``is_dynamo_compiling()``
     is ``True``. When ``fn`` breaks the graph, TorchDynamo runs the call of this function without
-    tracing it (its code is marked to be skipped as the root of a frame), so it returns ``True``.
+    tracing it (its code is marked to be skipped as the root of a frame): then it runs as the
+    eager loop's first step does, ``checked(item)`` (on copies, refused where it changes an
+    argument in place), without TorchDynamo. Traced, it runs on copies of its arguments, and
+    the graph it made tells the changes in place it makes (:func:`_changes_in_place`): a write
+    into an argument or a tensor from outside the step asks TorchDynamo for a graph break, so
+    that the eager loop's checks run (and refuse it, or run it as Python does).
     """
-    return fn(carry, item), not torch.compiler.is_dynamo_compiling()
+    if not torch.compiler.is_dynamo_compiling():
+        # the step itself untraced too: TorchDynamo would compile its frame, and the checks
+        # would see the compiled graph's operations instead of the step's
+        unchecked = cast(Callable[[Any], Any], torch.compiler.disable(checked))
+        out, bumps = unchecked(item)
+        return FirstStep(out, True, bumps)
+    start = _graph_size()
+    carry, item = _copy_tensors(carry), _copy_tensors(item)
+    arguments = _graph_size()
+    out = fn(carry, item)
+    found = _changes_in_place(start, arguments)
+    if found == _WRITES:
+        _compat.dynamo_graph_break(
+            "torchscan: the step changes an argument, or a tensor from outside it, in place"
+        )
+    return FirstStep(out, False, reshapes_views=found == _RESHAPES_VIEWS)
+
+
+def _copy_tensors(tree: Any) -> Any:
+    return _pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
+
+
+_NONE, _RESHAPES_VIEWS, _WRITES = 0, 1, 2
+
+
+def _graph_size_now() -> int:
+    """How many nodes other than placeholders the graph TorchDynamo builds has (placeholders of
+    tensors a traced function captures are put first as it meets them: the other nodes come
+    in the order they are traced)."""
+    return sum(node.op != "placeholder" for node in _compat.dynamo_graph_nodes())
+
+
+def _changes_in_place_now(start: int, arguments: int) -> int:
+    """The changes in place of the nodes TorchDynamo traced since the graph had ``start`` nodes
+    other than placeholders, of which those up to ``arguments`` made the step's arguments:
+    :data:`_WRITES` for a write into an argument or into a tensor made before the step (or a
+    shape-only change of one itself), :data:`_RESHAPES_VIEWS` for shape-only changes of views
+    of the arguments alone, :data:`_NONE` for none."""
+    nodes = _compat.dynamo_graph_nodes()
+    traced = [node for node in nodes if node.op != "placeholder"]
+    before = [node for node in nodes if node.op == "placeholder"] + traced[:start]
+    argument_nodes = traced[start:arguments]
+    outside = {s for s in (_storage(node) for node in before) if s is not None}
+    argument_storages = {s for s in (_storage(node) for node in argument_nodes) if s is not None}
+    found = _NONE
+    for node in traced[arguments:]:
+        change = _changed_in_place(node)
+        if change is None:
+            continue
+        name, target = change
+        storage = _storage(target)
+        if storage in outside:
+            return _WRITES
+        if storage in argument_storages:
+            if name not in _inplace.METADATA_ONLY or target in argument_nodes:
+                return _WRITES
+            found = _RESHAPES_VIEWS
+    return found
+
+
+_graph_size = _compat.run_untraced_by_dynamo(_graph_size_now)
+_changes_in_place = _compat.run_untraced_by_dynamo(_changes_in_place_now)
+
+_IN_PLACE_OPERATORS = {
+    operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+    operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul, operator.iand,
+    operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+}  # fmt: skip
+
+
+def _changed_in_place(node: torch.fx.Node) -> tuple[str, torch.fx.Node] | None:
+    """``(operation, node changed)`` where ``node`` (of TorchDynamo's graph) changes a tensor in
+    place: a method or function whose name ends in ``_``, an in-place operator, ``out=``."""
+    out = node.kwargs.get("out")
+    if isinstance(out, torch.fx.Node):
+        return f"{_name(node.target)}(out=)", out
+    if not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    name = _name(node.target)
+    if node.target in _IN_PLACE_OPERATORS or (name.endswith("_") and not name.endswith("__")):
+        return name, node.args[0]
+    return None
+
+
+def _name(target: Any) -> str:
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def _storage(node: torch.fx.Node) -> Any:
+    value = node.meta.get("example_value")
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(value.untyped_storage())
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass)
+        return None
 
 
 def _skip_first_step_as_frame() -> bool:
@@ -266,6 +429,7 @@ def run_scan(
     realign: bool,
     axis: int,
     hoist: bool | None = None,
+    copied: bool = False,
 ) -> tuple[Any, Any]:
     """Every step of a scan without ``until`` as torch's ``scan`` operator.
 
@@ -273,7 +437,8 @@ def run_scan(
     what the first step returned when it was traced on its own (which tells the structure of
     ``y``; the compiler drops that computation). Returns ``(carry, ys)``, ``ys`` on ``axis``.
     Unless ``hoist`` is ``False``, Inductor moves the work of the steps that does not depend on
-    the carry out of the loop (:mod:`torchscan._compiled_hoist`).
+    the carry out of the loop (:mod:`torchscan._compiled_hoist`). With ``copied``, ``fn`` is
+    given copies of its arguments (a step that reshapes views of them in place).
     """
     carry_flat, carry = _Flat.of(init)
     y_flat, y0 = _Flat.of(out0[1])
@@ -294,7 +459,8 @@ def run_scan(
             [None] * len(present) if dummy else [next(it) if p else None for p in present],
             xs_spec,
         )
-        out = fn(carry_flat.build(carry_codec.decode(c[:n_carry])), item)
+        carry = carry_flat.build(carry_codec.decode(c[:n_carry]))
+        out = fn(*_copy_tensors((carry, item))) if copied else fn(carry, item)
         protocol.has_until(out, expected=False)
         new_carry = carry_codec.encode(carry_flat.tensors(out[0])) if n_carry else [c[0] + 0]
         return [_fresh(t) for t in new_carry], [
@@ -323,6 +489,7 @@ def run_loop(
     reverse: bool,
     axis: int,
     device: torch.device,
+    copied: bool = False,
 ) -> tuple[Any, Any]:
     """Every step of a loop that ``until`` may stop, as ``torch.while_loop``.
 
@@ -342,7 +509,8 @@ def run_loop(
         return ~stop if length is None else ~stop & (i < length)
 
     def body(i: torch.Tensor, stop: torch.Tensor, *rest: torch.Tensor) -> Any:
-        out = fn(carry_flat.build(rest[:n_carry]), take(i))
+        arguments = (carry_flat.build(rest[:n_carry]), take(i))
+        out = fn(*(_copy_tensors(arguments) if copied else arguments))
         protocol.has_until(out, expected=True)
         new_stop = protocol.check_stop(out[2].stop, 1)
         ys = [

@@ -21,18 +21,25 @@ def scan(plan: ScanPlan) -> tuple[Any, Any]:
     """Every step of ``plan`` in a Python loop: ``x`` of step ``t`` reads index ``t`` of a
     forward sequence and ``n - 1 - t`` of a reversed one."""
     direction = plan.direction
+    backwards = direction is not None and direction[0]
     if direction is not None:  # every sequence read one way: the steps run that way
-        fn, steps = plan.fn, slices(plan)
-        steps = steps[::-1] if direction[0] else steps
+        fn, in_reverse = plan.fn, None
     else:
-        fn, steps = _refusing_until(plan), slices(plan, plan.in_reverse)
+        fn, in_reverse = _refusing_until(plan), plan.in_reverse
+
+    def reslice(bumps: Sequence[int]) -> Sequence[Any]:
+        later = slices(plan, in_reverse, indexed=[b != 0 for b in bumps])
+        return (later[::-1] if backwards else later)[1:]
+
+    steps = slices(plan, in_reverse)
     carry, ys = plan.protocol.run(
         fn,
-        steps,
+        steps[::-1] if backwards else steps,
         plan.carry,
         plan.out,
         sources=_steps.Sources(plan.xs_leaves, plan.xs_spec),
         step=plan.user,
+        reslice=reslice,
     )
     return carry, plan.protocol.outputs.stack(ys, plan.out)
 
@@ -55,12 +62,22 @@ def _refusing_until(plan: ScanPlan) -> Callable[[Any, Any], Any]:
     return step
 
 
-def slices(plan: ScanPlan, in_reverse: Sequence[bool] | None = None) -> Sequence[Any]:
+def slices(
+    plan: ScanPlan, in_reverse: Sequence[bool] | None = None, indexed: Sequence[bool] = ()
+) -> Sequence[Any]:
     """The ``x`` of every step, as views into ``xs`` (``unbind`` gives all of them at once, and
     its backward is one ``stack`` instead of one scatter per step); ``in_reverse`` reads the
-    leaves it marks from their end."""
+    leaves it marks from their end. The tensor leaves that ``indexed`` marks are read one index
+    at a time (``select``), as the Python loop reads them: a step may reshape a view of such an
+    ``x`` in place while autograd records, which autograd refuses on the views ``unbind``
+    makes."""
+    marks = iter(indexed)
     columns = [
-        (None,) * plan.length if leaf is None or a is None else leaf.unbind(a)  # None: no axis
+        (None,) * plan.length  # None: no axis
+        if leaf is None or a is None
+        else _indexed(leaf, a, plan.length)
+        if next(marks, False)
+        else leaf.unbind(a)
         for leaf, a in zip(plan.xs_leaves, plan.in_axes, strict=True)
     ]
     if in_reverse is not None:
@@ -70,6 +87,10 @@ def slices(plan: ScanPlan, in_reverse: Sequence[bool] | None = None) -> Sequence
     if _pytree.is_leaf_spec(plan.xs_spec):
         return columns[0]
     return [_pytree.tree_unflatten(list(step), plan.xs_spec) for step in zip(*columns, strict=True)]
+
+
+def _indexed(leaf: torch.Tensor, axis: int, n: int) -> list[torch.Tensor]:
+    return [leaf.select(axis, t) for t in range(n)]
 
 
 def scan_no_step(plan: ScanPlan) -> tuple[Any, Any]:
@@ -112,6 +133,7 @@ def loop(plan: LoopPlan) -> tuple[Any, Any]:
         plan.out,
         refuse_without_until=plan.never_ends or None,
         step=body,
+        bounded=trips is not None,
     )
     return carry, plan.protocol.outputs.stack(ys, plan.out)
 

@@ -77,6 +77,9 @@ _WALK_LIMIT = 2000
 _CONSTANT, _SEQUENCE, _CARRY = 0, 1, 2
 
 
+_REFUSED_RESULT = "what it returns is refused"
+
+
 class _NotHoistable(Exception):
     """The step cannot be hoisted; it runs as the Python loop."""
 
@@ -629,7 +632,7 @@ def trace(
         stop: list[torch.Tensor] = []
         if isinstance(out, tuple) and len(out) == 3 and type(out[2]) is Until:
             if not isinstance(out[2].stop, torch.Tensor):
-                raise _NotHoistable("it returns until of a Python value")
+                raise _NotHoistable(_REFUSED_RESULT)  # as the Python loop refuses it
             stop = [out[2].stop]
         elif not (isinstance(out, tuple) and len(out) == 2):
             raise _NotHoistable("it does not return (carry, y) or (carry, y, until(stop))")
@@ -653,7 +656,7 @@ def trace(
     gpu_rngs = {device: torch.cuda.get_rng_state(device) for device in gpus}
     sys.setprofile(watch)
     try:
-        with warnings.catch_warnings(), _NoWritesIntoRealTensors():
+        with warnings.catch_warnings(), _NoWritesIntoRealTensors(), _SAVED_AS_THEY_ARE:
             warnings.simplefilter("ignore")  # torch's own, while it traces; the step's are refused
             gm = _compat.trace_on_fake(flat, inputs)
     except _NotHoistable:
@@ -673,8 +676,17 @@ def trace(
         # the Python loop refuses it, in its words, and checks the carry's type
         shape["y_spec"] = _pytree.tree_structure(check(shape.pop("fake")))
     except Exception as error:
-        raise _NotHoistable("what it returns is refused") from error
+        raise _NotHoistable(_REFUSED_RESULT) from error
     return _split(gm, walk, n_carry, shape)
+
+
+def _as_it_is(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+_SAVED_AS_THEY_ARE = torch.autograd.graph.saved_tensors_hooks(_as_it_is, _as_it_is)
+"""Saved-tensor hooks that keep what the trace saves for backward from the hooks of the caller
+(``torch.utils.checkpoint`` counts what a forward saves)."""
 
 
 class _NoWritesIntoRealTensors(torch.overrides.TorchFunctionMode):
@@ -716,7 +728,12 @@ def _untraceable(error: Exception) -> str:
     )
     data = ("DataDependent", "GuardOnDataDependent", "DynamicOutputShape")
     if any(type(e).__name__.startswith(data) for e in (error, error.__cause__) if e is not None):
-        return f"it reads a tensor's value in Python or makes a shape from one{at}"
+        why = f"it reads a tensor's value in Python or makes a shape from one{at}"
+        if _source.in_torch_distributions(
+            f.filename for f in traceback.extract_tb(error.__traceback__)
+        ):
+            why += f"; {_source.DISTRIBUTIONS_REMEDY[:-1]}"
+        return why
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"it does not trace on fake tensors{at}: {type(error).__name__}: {first}"
 
@@ -724,6 +741,7 @@ def _untraceable(error: Exception) -> str:
 def _split(gm: torch.fx.GraphModule, walk: _Walk, n_carry: int, shape: dict[str, Any]) -> Hoisted:
     graph = gm.graph
     graph.eliminate_dead_code()
+    _without_copies(graph)
     by_id = {id(t): i for i, t in enumerate(walk.tensors)}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     carry_in, x_in = placeholders[:n_carry], placeholders[n_carry:]
@@ -862,6 +880,123 @@ def _split(gm: torch.fx.GraphModule, walk: _Walk, n_carry: int, shape: dict[str,
             for n in nodes
             if klass[n] == _CARRY and n.op == "call_function"
         ),
+    )
+
+
+_COPIES = (torch.ops.aten.clone.default, torch.ops.aten._to_copy.default)
+
+
+def _without_copies(graph: torch.fx.Graph) -> None:
+    """The graph without the copies that change nothing it computes.
+
+    Reference implementations copy values before they update them (``S = S.clone()``, then
+    ``S = S + k * v`` or ``S += k * v``; ``v[:, i].clone()``), which costs a copy per step:
+
+    * a copy (``clone``, ``to`` of the same dtype and device) with the strides of its source,
+      into which nothing writes, of a source into which nothing writes, that is not an output
+      (the carry or ``y`` returned must not be the caller's tensor), is its source;
+    * a copy written into once, by an operation with a functional form (``add_``, ``mul_``,
+      ...), is that functional operation on its source (a new tensor, returned or not), where
+      it gives the dtype, shape and strides of the copy, nothing wrote into the source between
+      them and nothing read a view of the copy before the write.
+    """
+    nodes = list(graph.nodes)
+    order = {node: i for i, node in enumerate(nodes)}
+    output = nodes[-1]
+    outputs = {_root(n) for n in _pytree.tree_leaves(output.args) if isinstance(n, torch.fx.Node)}
+    writes: dict[torch.fx.Node, list[int]] = {}  # root -> positions of the writes into it
+    for node in nodes:
+        for written in _written(node):
+            writes.setdefault(_root(written), []).append(order[node])
+    for node in nodes:
+        if node.op != "call_function" or node.target not in _COPIES:
+            continue
+        source = node.args[0]
+        if not isinstance(source, torch.fx.Node) or not _same_layout(node, source):
+            continue
+        source_writes = writes.get(_root(source), [])
+        if node in writes:
+            _fold_copy_into_write(graph, node, source, order, writes[node], source_writes)
+        elif node not in outputs and not any(at > order[node] for at in source_writes):
+            node.replace_all_uses_with(source)
+            graph.erase_node(node)
+
+
+def _fold_copy_into_write(
+    graph: torch.fx.Graph,
+    copy: torch.fx.Node,
+    source: torch.fx.Node,
+    order: dict[torch.fx.Node, int],
+    copy_writes: list[int],
+    source_writes: list[int],
+) -> None:
+    """``copy = clone(source); copy.add_(v)`` as ``add(source, v)`` (see :func:`_without_copies`):
+    what reads the copy before the write (no view: a view would see the write) reads
+    ``source``, what reads it after reads the new tensor."""
+    if len(copy_writes) != 1:
+        return
+    write = next((user for user in copy.users if order[user] == copy_writes[0]), None)
+    if (
+        write is None
+        or write.args[:1] != (copy,)
+        or copy in (*write.args[1:], *write.kwargs.values())
+    ):
+        return
+    before = [user for user in copy.users if order[user] < order[write]]
+    if any(
+        not isinstance(user.target, _compat.OpOverload) or user.target.is_view for user in before
+    ) or any(order[copy] < at <= order[write] for at in source_writes):
+        return
+    target = write.target
+    if not isinstance(target, _compat.OpOverload):
+        return
+    name = target.overloadpacket.__name__
+    packet = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
+    functional = getattr(packet, target._overloadname, None) if packet is not None else None
+    if functional is None or functional._schema.arguments[0].is_write:
+        return
+    value = copy.meta.get("val")
+    if not isinstance(value, _compat.FakeTensor):
+        return
+    arguments = [source, *write.args[1:]]
+    try:
+        with value.fake_mode:
+            made = functional(*_pytree.tree_map(_meta_value, arguments), **write.kwargs)
+    except Exception:  # the functional form does not take these arguments
+        return
+    if not (
+        isinstance(made, torch.Tensor)
+        and made.dtype == value.dtype
+        and made.shape == value.shape
+        and made.stride() == value.stride()
+    ):
+        return
+    with graph.inserting_before(write):
+        folded = graph.call_function(functional, tuple(arguments), dict(write.kwargs))
+    folded.meta = dict(write.meta)
+    folded.meta["val"] = made
+    for user in before:
+        user.replace_input_with(copy, source)
+    write.replace_all_uses_with(folded)
+    copy.replace_all_uses_with(folded)
+    graph.erase_node(write)
+    graph.erase_node(copy)
+
+
+def _meta_value(value: Any) -> Any:
+    return value.meta["val"] if isinstance(value, torch.fx.Node) else value
+
+
+def _same_layout(copy: torch.fx.Node, source: torch.fx.Node) -> bool:
+    """Whether ``copy`` has the dtype, device, shape and strides of ``source``."""
+    a, b = copy.meta.get("val"), source.meta.get("val")
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.shape == b.shape
+        and a.stride() == b.stride()
     )
 
 
@@ -1256,10 +1391,13 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
         x_key,
         first_step,
         lambda out: protocol.check_fake_result(out, carry_type, plan.out),
-        now=plan.hoist is True,
+        # under saved-tensor hooks a recomputation (torch.utils.checkpoint's) must take the
+        # path its forward took, whatever the calls between them: traced at the first call
+        now=plan.hoist is True or _compat.saved_tensors_hooks_active(),
     )
     if found is None:
-        if plan.hoist is True and last.what == "loop":
+        # (a step whose result the Python loop refuses is refused there, without a warning)
+        if plan.hoist is True and last.what == "loop" and last.reason != _REFUSED_RESULT:
             _warn(plan, last.reason)
         return None
     hoisted, walk = found

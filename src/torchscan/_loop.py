@@ -108,6 +108,15 @@ def loop(
         (tensor(128), tensor([ 1,  2,  4,  8, 16, 32, 64]))
     """
     _checks.check_callable(_API, "body", body)
+    _checks.check_parameters(
+        _API,
+        "body",
+        body,
+        "body(i, carry)",
+        "at every iteration, i being the iteration number (a 0-d int64 tensor)",
+        "Give it the parameters (i, carry); a body that reads no i still takes it: "
+        "def body(_, carry).",
+    )
     _checks.refuse_torchscript(_API)
     _checks.refuse_strict_export(_API)
     carry = _checks.CarryType(_API, "body", init)

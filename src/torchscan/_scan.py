@@ -168,11 +168,13 @@ def scan(
         hoist: whether the work of ``fn`` that does not depend on the carry is done once, over
             every step: ``None`` (the default) from the third call of a signature (``fn``'s
             code and what it captures, the structures, shapes, dtypes and devices of ``init``
-            and ``x``), where ``fn`` allows it (no Python control flow on tensor values, no
-            state changed, no write into an argument or a captured tensor; random operations
-            stay at every step); ``True`` from the first call, warning (``HoistWarning``) where
-            ``fn`` does not allow it; ``False`` never. A step that is not hoisted runs as the
-            Python loop, every step as written. See the guide's "Speed: hoisting".
+            and ``x``; from the first under saved-tensor hooks, as ``torch.utils.checkpoint``
+            sets, so that a recomputation runs as its forward did), where ``fn`` allows it (no
+            Python control flow on tensor values, no state changed, no write into an argument
+            or a captured tensor; random operations stay at every step); ``True`` from the
+            first call, warning (``HoistWarning``) where ``fn`` does not allow it; ``False``
+            never. A step that is not hoisted runs as the Python loop, every step as written.
+            See the guide's "Speed: hoisting".
 
     Returns:
         ``(carry, ys)``: the carry after the last step, and every leaf of ``y`` stacked along
@@ -255,6 +257,7 @@ def scan_in_order(
         if done is not None:
             return done
     _checks.check_callable(_API, "fn", fn)
+    _check_parameters(fn)
     _checks.refuse_torchscript(_API)
     _checks.refuse_strict_export(_API)
     if hoist is not None and not isinstance(hoist, bool):
@@ -303,6 +306,18 @@ def scan_in_order(
     return _dispatch.run(plan)
 
 
+def _check_parameters(fn: Any) -> None:
+    _checks.check_parameters(
+        _API,
+        "fn",
+        fn,
+        "fn(carry, x)",
+        "at every step, x being the step's slice of xs (None when xs is None)",
+        "Give it the parameters (carry, x); a step that reads no x still takes it: "
+        "def step(carry, _).",
+    )
+
+
 def _run_checked(fn: Any, init: Any, xs: Any, options: tuple[Any, ...]) -> Any:
     """The result of the call, where arguments with the same :func:`arguments_key` (and so
     ``xs`` not a ``PackedSequence``, ``hoist`` a bool or ``None``, ...) passed the checks
@@ -316,6 +331,7 @@ def _run_checked(fn: Any, init: Any, xs: Any, options: tuple[Any, ...]) -> Any:
     checked = _checked.get(key) if key is not None else None
     if checked is None:
         return None
+    _check_parameters(fn)
     return _dispatch.run(checked.for_call(fn, init, init_leaves, xs_leaves))
 
 

@@ -8,7 +8,7 @@ import functools
 import inspect
 import os
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,22 @@ from torchscan import _compat
 # The packages whose frames are not the user's (with the separator: torchvision is not torch).
 TORCH_FILES = os.path.join(Path(torch.__file__).parent, "")
 TORCHSCAN_FILES = os.path.join(Path(__file__).parent, "")
+
+
+TORCH_DISTRIBUTIONS_FILES = os.path.join(TORCH_FILES, "distributions", "")
+
+DISTRIBUTIONS_REMEDY = (
+    "torch.distributions checks the values of a distribution's arguments when it is made "
+    "(validate_args), which reads them: make it with validate_args=False "
+    "(torch.distributions.Normal(loc, scale, validate_args=False)), or turn the checks off for "
+    "every distribution with torch.distributions.Distribution.set_default_validate_args(False)."
+)
+"""The remedy for a step whose ``torch.distributions`` object reads its arguments' values."""
+
+
+def in_torch_distributions(filenames: Iterable[str]) -> bool:
+    """Whether one of the frames of ``filenames`` runs in ``torch.distributions``."""
+    return any(name.startswith(TORCH_DISTRIBUTIONS_FILES) for name in filenames)
 
 
 def is_users(filename: str) -> bool:

@@ -64,20 +64,27 @@ class Protocol:
             )
         return has_until
 
-    def stops(self, stop: Any, index: int) -> bool:
-        """Whether the flag ``stop`` that the step of ``index`` returned ends the loop."""
+    def stops(self, stop: Any, index: int, bounded: bool = True) -> bool:
+        """Whether the flag ``stop`` that the step of ``index`` returned ends the loop;
+        ``bounded``: the loop has a most number of steps (a scan's length, a ``trip_count``)."""
         flag = self.check_stop(stop, index)
         try:
             return bool(flag)
         except RuntimeError as error:
             if not _compat_vmap_refusal(error):
                 raise
+            remedy = (
+                "Return no until, and keep a done flag in the carry instead, so that every "
+                "example runs every step and an example that is done keeps its carry"
+                if bounded
+                else "Give the loop a bound (trip_count=) and return no until, keeping a done "
+                "flag in the carry instead"
+            )
             raise TorchscanValueError(
                 f"{self.api}: {self.fn_name} returned until(stop) under torch.func.vmap, where "
                 "each example would stop at its own step, and a vmapped function runs every "
-                "example through the same steps. Give the loop a bound (trip_count=, or scan "
-                "over the whole sequence) and keep a done flag in the carry instead: "
-                "done = done | stop; h = torch.where(done, h, new_h)."
+                f"example through the same steps. {remedy}: done = done | stop; "
+                "h = torch.where(done, h, new_h)."
             ) from None
 
     def check_stop(self, stop: Any, index: int) -> torch.Tensor:
@@ -97,6 +104,8 @@ class Protocol:
         refuse_without_until: str | None = None,
         sources: Sources | None = None,
         step: Callable | None = None,
+        reslice: Callable[[Sequence[int]], Iterable[Any]] | None = None,
+        bounded: bool = True,
     ) -> tuple[Any, list[Any]]:
         """``carry, y = call(carry, item)`` for every item until a stop; the ``y`` of each step.
 
@@ -108,7 +117,13 @@ class Protocol:
         watched in place of the items; without them, the items themselves are.
         ``refuse_without_until`` is the error to raise when the first step returns no ``until``
         and nothing else would end the loop. ``step`` is the user's function that ``call``
-        calls, which refusals name (``call`` itself by default).
+        calls, which refusals name (``call`` itself by default). ``reslice(bumps)``, given the
+        version bumps per step that the first step showed on each leaf of ``sources`` (shape-only
+        changes of views of an item), gives the items after the first anew, for a step that
+        reshapes views of its item in place: autograd refuses that on the views ``unbind``
+        makes, which the Python loop, indexing, never makes. ``bounded``: ``items`` end (a
+        scan's steps, a loop's ``trip_count``), which a refusal of ``until`` under
+        ``torch.func.vmap`` says.
         """
         items = iter(items)
         first, carry = next(items), carry_type.init
@@ -129,14 +144,16 @@ class Protocol:
         has_until = self.check_first(out, carry_type, layout, refuse_without_until)
         carry, y = out[0], out[1]
         ys = [y]
-        if has_until and self.stops(out[2].stop, 0):
+        if has_until and self.stops(out[2].stop, 0, bounded):
             return carry, ys
         append = ys.append
+        n_carries = carry_type.n_tensors
+        if reslice is not None and sources is not None and any(allowed[n_carries:]):
+            items = iter(reslice(_item_allowed(allowed[n_carries:], sources)))
         # Later steps: the carry's versions and type at every step, in a loop specialised for
         # the common single-tensor carry; the versions of xs once at the end (every x is a view
         # of them), and never the counter i of a loop (a fresh tensor at every iteration).
         sources_before = sources.versions() if watching and sources is not None else ()
-        n_carries = carry_type.n_tensors
         carry_allowed = allowed[:n_carries]
         single = carry_type.single
         ran = [0]
@@ -173,6 +190,24 @@ class Protocol:
                 )
         carry_type.check(carry, f" in a later {self.step_name}")
         return carry, ys
+
+    def checked_first(
+        self,
+        call: Callable[[Any, Any], Any],
+        carry_type: _checks.CarryType,
+        item: Any,
+        step: Callable,
+    ) -> tuple[Any, tuple[int, ...]]:
+        """The first step as the eager loop runs it: on copies of ``init`` and ``item``, refused
+        where it changes one of them in place; what it returned, and the version bumps per step
+        each argument is allowed (those of shape-only changes of views of it; ``()`` where
+        tensors have no versions, under ``torch.inference_mode()``)."""
+        carry = carry_type.init
+        originals = (carry, item)
+        item, carry = _copies(item), _copies(carry)
+        if torch.is_inference_mode_enabled():
+            return call(carry, item), ()
+        return self._first_step(call, step, carry_type, carry, item, originals)
 
     def _first_step(
         self,

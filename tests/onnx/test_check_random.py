@@ -18,6 +18,7 @@ import torchscan
 import torchscan.onnx
 from torchscan.onnx._check import _random_ops
 from torchscan.onnx._check._random_ops import RANDOM_OPS
+from torchscan.onnx._check._report import NO_BASELINE
 
 from .._export import onnx_export
 
@@ -214,15 +215,17 @@ def test_the_text_report_says_which_outputs_are_not_compared_and_why() -> None:
     assert "onnxruntime │ ys │ (3, 2) │ - │ - │ not compared: random" in rows
     assert "onnxruntime │ total │ () │ 0 │ 0 │ ok" in rows
     lines = text.splitlines()
-    assert lines[-3:] == [
+    assert lines[-4:] == [
         "note: ys: not compared: random: its values depend on Scan 'scan' > body > "
         "RandomNormalLike 'noise', which no two sources draw alike; its shape and element type "
         "are compared",
         "note: shifted: not compared: random: its values depend on Scan 'scan' > body > "
         "RandomNormalLike 'noise', which no two sources draw alike; its shape and element type "
         "are compared",
+        f"note: {NO_BASELINE}",
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across reference, onnxruntime, "
-        "onnxruntime-unoptimized, torch; values not compared: random (ys, shifted)",
+        "onnxruntime-unoptimized, imported; values not compared: random (ys, shifted); no "
+        "PyTorch baseline or expected outputs took part",
     ]
 
 
@@ -251,7 +254,7 @@ def test_a_random_output_of_another_shape_and_a_wrong_deterministic_one_still_fa
     report = torchscan.onnx.check(noisy_scan(), inputs=[h0, xs], expected=expected)
     assert report.summary() == (
         "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
-        "torch mismatch"
+        "imported mismatch"
     )
     onnxruntime = report.comparisons[1]
     outputs = {o.name: (o.ok, o.note) for o in onnxruntime.outputs}
@@ -273,8 +276,8 @@ def test_only_random_outputs_agree_by_shape_and_element_type() -> None:
     assert report.ok, report
     assert report.summary() == (
         "OK: 1 Scan/Loop node checked, no findings; shapes and element types agree across "
-        "reference, onnxruntime, onnxruntime-unoptimized, torch; values not compared: random "
-        "(ys, shifted)"
+        "reference, onnxruntime, onnxruntime-unoptimized, imported; values not compared: random "
+        "(ys, shifted); no PyTorch baseline or expected outputs took part"
     )
 
 
@@ -297,7 +300,7 @@ def test_nothing_said_compared_where_one_source_ran() -> None:
         "reference": "baseline",
         "onnxruntime": "unsupported",
         "onnxruntime-unoptimized": "unsupported",
-        "torch": "ok",
+        "imported": "ok",
     }
 
 
@@ -323,6 +326,6 @@ def test_an_export_that_draws_noise_in_a_scan_passes_against_pytorch() -> None:
         ("onnxruntime", "ok"),
         ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
-        ("torch", "ok"),
+        ("imported", "ok"),
     ]
     assert all(o.not_compared == "random" for c in report.comparisons for o in c.outputs)

@@ -4,15 +4,23 @@ is wrong (an error, a failure), and how the report says which sources ran and wh
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
+import onnx.reference
+import onnx.shape_inference
 import pytest
+import torch
 from onnx import TensorProto
 from onnx import helper as oh
 
+import torchscan
 import torchscan.onnx
-from torchscan.onnx._check import _compare
+from torchscan.onnx._check import _compare, _runtimes
 from torchscan.onnx._check._runtimes import _ChildError, _Unsupported
+
+from .._export import onnx_export
 
 
 def scan_model(
@@ -88,20 +96,20 @@ def test_the_imported_module_is_a_second_runtime_where_onnxruntime_lacks_a_kerne
     assert (report.verdict, report.ok) == ("ok", True), report
     assert {c.source: c.status for c in report.comparisons} == {
         "reference": "baseline",
-        "torch": "ok",
+        "imported": "ok",
         "onnxruntime": "unsupported",
         "onnxruntime-unoptimized": "unsupported",
     }
-    assert report.independent == ("reference", "torch")
+    assert report.independent == ("reference", "imported")
     running_max = np.maximum.accumulate(np.concatenate([h0[None], xs]), axis=0)[1:]
     only_torch = torchscan.onnx.check(
-        model, inputs=[h0, xs], expected=[running_max[-1], running_max], runtimes=("torch",)
+        model, inputs=[h0, xs], expected=[running_max[-1], running_max], runtimes=("imported",)
     )
     assert only_torch.ok, only_torch
     wrong = torchscan.onnx.check(
-        model, inputs=[h0, xs], expected=[running_max[-1], running_max + 1], runtimes=("torch",)
+        model, inputs=[h0, xs], expected=[running_max[-1], running_max + 1], runtimes=("imported",)
     )
-    assert wrong.summary() == "FAILED: torch mismatch"
+    assert wrong.summary() == "FAILED: imported mismatch"
 
 
 def test_no_source_that_runs_the_model_is_said_plainly() -> None:
@@ -145,7 +153,7 @@ def test_an_operator_that_onnx_does_not_have_is_an_error_of_every_runtime() -> N
         "onnxruntime": invalid,
         "onnxruntime-unoptimized": invalid,
         "reference": "No registered schema for operator 'NoSuchOp' and domain ''.",
-        "torch": "the model fails onnx.checker: No Op registered for NoSuchOp with "
+        "imported": "the model fails onnx.checker: No Op registered for NoSuchOp with "
         "domain_version of 18",
     }
     assert [c.source for c in report.comparisons] == list(starts)
@@ -155,7 +163,7 @@ def test_an_operator_that_onnx_does_not_have_is_an_error_of_every_runtime() -> N
     lines = str(report).splitlines()
     assert any(line.startswith("onnxruntime: error: [ONNXRuntimeError] : 10 : ") for line in lines)
     assert lines[-1] == (
-        "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error, torch error"
+        "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error, imported error"
     )
 
 
@@ -171,11 +179,11 @@ def test_an_operator_of_another_domain_is_not_supported_by_the_reference_evaluat
         "is unknown, known functions: []."
     ) in lines
     assert lines[-1].endswith(
-        "only onnxruntime ran (reference: not supported by that runtime; torch: not supported by "
-        "that runtime)"
+        "only onnxruntime ran (reference: not supported by that runtime; imported: not supported "
+        "by that runtime)"
     )
     assert (
-        "torch: not supported by that runtime: node #0 (com.microsoft.Gelu) of the body of node "
+        "imported: not supported by that runtime: node #0 (com.microsoft.Gelu) of the body of node "
         "'scan' (Scan-16): onnx knows no operator com.microsoft.Gelu at opset 1"
     ) in lines
 
@@ -190,10 +198,10 @@ def test_shapes_that_do_not_fit_are_an_error_of_every_runtime() -> None:
         "onnxruntime": "error",
         "onnxruntime-unoptimized": "error",
         "reference": "error",
-        "torch": "error",
+        "imported": "error",
     }
     assert report.summary() == (
-        "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error, torch error"
+        "FAILED: onnxruntime error, onnxruntime-unoptimized error, reference error, imported error"
     )
 
 
@@ -207,7 +215,7 @@ def test_a_mismatch_between_runtimes_that_ran_still_fails() -> None:
     assert not report.ok
     assert report.summary() == (
         "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
-        "torch mismatch"
+        "imported mismatch"
     )
 
 
@@ -253,3 +261,199 @@ def test_which_errors_say_that_a_runtime_lacks_something(
 def test_a_runtime_that_refuses_a_model_before_running_it_is_not_supported() -> None:
     comparison = _compare._failed("reference", "", _Unsupported("why"), False)
     assert (comparison.status, comparison.reason) == ("unsupported", "why")
+
+
+# --- a runtime that cannot run a valid model --------------------------------------------------
+
+
+def _raises(error: BaseException):
+    def run(*_args: object) -> list:
+        raise error
+
+    return run
+
+
+def test_a_runtime_that_cannot_run_a_valid_model_is_overruled_by_two_that_agree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    error = ValueError("index can't contain negative values")
+    monkeypatch.setitem(_runtimes._RUNNERS, "reference", _raises(error))
+    model = scan_model([oh.make_node("Add", ["h_in", "x_t"], ["h_out"])])
+    report = torchscan.onnx.check(model)
+    assert (report.verdict, report.ok) == ("ok", True), report
+    assert {c.source: (c.status, c.reason) for c in report.comparisons} == {
+        "imported": ("baseline", ""),
+        "onnxruntime": ("ok", ""),
+        "onnxruntime-unoptimized": ("ok", ""),
+        "reference": ("could not run", "index can't contain negative values"),
+    }
+    lines = str(report).splitlines()
+    assert "reference: could not run: index can't contain negative values" in lines
+    assert lines[-1] == (
+        "OK: 1 Scan/Loop node checked, no findings; outputs agree across imported, onnxruntime, "
+        "onnxruntime-unoptimized; reference could not run the model; no PyTorch baseline or "
+        "expected outputs took part"
+    )
+    data = json.loads(report.to_json())
+    assert (data["status"], data["ok"]) == ("ok", True)
+    assert [c["status"] for c in data["comparisons"]][-1] == "could not run"
+
+
+def test_onnxruntime_that_cannot_run_a_valid_model_is_overruled_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    error = _ChildError("RuntimeException", "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : boom")
+    for level in ("onnxruntime", "onnxruntime-unoptimized"):
+        monkeypatch.setitem(_runtimes._RUNNERS, level, _raises(error))
+    report = torchscan.onnx.check(scan_model([oh.make_node("Add", ["h_in", "x_t"], ["h_out"])]))
+    assert report.ok, report
+    assert [(c.source, c.status) for c in report.comparisons] == [
+        ("reference", "baseline"),
+        ("onnxruntime", "could not run"),
+        ("onnxruntime-unoptimized", "could not run"),
+        ("imported", "ok"),
+    ]
+    assert report.summary().endswith(
+        "; onnxruntime, onnxruntime-unoptimized could not run the model; no PyTorch baseline or "
+        "expected outputs took part"
+    )
+
+
+def test_a_runtime_error_with_fewer_than_two_sources_left_still_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(_runtimes._RUNNERS, "reference", _raises(ValueError("no")))
+    model = scan_model([oh.make_node("Add", ["h_in", "x_t"], ["h_out"])])
+    report = torchscan.onnx.check(model, runtimes=("onnxruntime", "reference"))
+    assert (report.verdict, report.ok) == ("failed", False)
+    assert {c.source: c.status for c in report.comparisons}["reference"] == "error"
+    assert report.summary() == "FAILED: reference error"
+    single = torchscan.onnx.check(model, runtimes=("onnxruntime", "reference"), strict=False)
+    assert (single.verdict, single.ok) == ("failed", False)
+
+
+def test_a_runtime_error_on_a_model_that_fails_onnx_checker_is_the_model_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The declared output shape contradicts the input's: onnx.checker's full check (shape
+    # inference) refuses the model, though the other runtimes run it.
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "mlp",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, (2,))],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, (3,))],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.checker.check_model(model, full_check=True)
+    monkeypatch.setitem(_runtimes._RUNNERS, "reference", _raises(ValueError("no")))
+    report = torchscan.onnx.check(model)
+    assert {c.source: c.status for c in report.comparisons} == {
+        "imported": "baseline",
+        "onnxruntime": "ok",
+        "onnxruntime-unoptimized": "ok",
+        "reference": "error",
+    }
+    assert report.summary() == "FAILED: reference error"
+
+
+def cropping_scan() -> onnx.ModelProto:
+    """A Scan whose body shifts its state left, ``Pad(h, pads=[-1, 1])`` (what
+    ``torch.nn.functional.pad(h, (-1, 1))`` exports to), and adds the step's input."""
+    nodes = [
+        oh.make_node("Pad", ["h_in", "pads"], ["shifted"]),
+        oh.make_node("Add", ["shifted", "x_t"], ["h_out"]),
+    ]
+    pads = oh.make_tensor("pads", TensorProto.INT64, [2], [-1, 1])
+    return scan_model(nodes, body_inits=(pads,))
+
+
+def test_a_pad_with_a_negative_pad_passes_where_onnx_s_evaluator_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = cropping_scan()
+    h0 = np.array([1.0, 2.0], np.float32)
+    xs = np.array([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]], np.float32)
+    with pytest.raises(ValueError, match="index can't contain negative values"):
+        onnx.reference.ReferenceEvaluator(model).run(None, {"h0": h0, "xs": xs})
+    states, state = [], h0
+    for x in xs:  # the specification: remove h[0], append a zero, add x
+        state = np.append(state[1:], 0.0).astype(np.float32) + x
+        states.append(state)
+    expected = [states[-1], np.stack(states)]
+    report = torchscan.onnx.check(model, inputs=[h0, xs], expected=expected)
+    assert report.ok, report
+    assert {c.source: c.status for c in report.comparisons} == {
+        "expected": "baseline",
+        "onnxruntime": "ok",
+        "onnxruntime-unoptimized": "ok",
+        "reference": "ok",
+        "imported": "ok",
+    }
+    # onnx's own Pad: the reference evaluator cannot run the model, and the others decide
+    stock = [op for op in _runtimes.reference_ops() if op.__name__ != "Pad"]
+    monkeypatch.setattr(_runtimes, "reference_ops", lambda: stock)
+    report = torchscan.onnx.check(model, inputs=[h0, xs])
+    assert report.ok, report
+    assert {c.source: (c.status, c.reason) for c in report.comparisons}["reference"] == (
+        "could not run",
+        "index can't contain negative values",
+    )
+
+
+# --- the imported module computes as onnxruntime and the reference evaluator -----------------
+
+
+class Kalman(torch.nn.Module):
+    """A constant-velocity Kalman filter over measurements of position and velocity whose
+    noises are strongly correlated: the 2x2 innovation covariance S is close to singular, and
+    its inverse, written out (the adjugate over ``a * d - b * c``), cancels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("F", torch.tensor([[1.0, 1.0], [0.0, 1.0]]))
+        self.register_buffer("Q", torch.tensor([[0.01 / 3, 0.01 / 2], [0.01 / 2, 0.01]]))
+        self.register_buffer("H", torch.eye(2))
+        self.register_buffer("R", torch.tensor([[1.0, 0.99], [0.99, 1.0]]))
+
+    def forward(self, zs: torch.Tensor, x0: torch.Tensor, p0: torch.Tensor):
+        f, q, h, r = self.F, self.Q, self.H, self.R
+
+        def step(carry, z):
+            x, p = carry
+            x = x @ f.T  # predict
+            p = f @ p @ f.T + q
+            s = h @ p @ h.T + r
+            a, b, c, d = s[:, 0, 0], s[:, 0, 1], s[:, 1, 0], s[:, 1, 1]
+            det = a * d - b * c
+            adjugate = torch.stack([torch.stack([d, -b], -1), torch.stack([-c, a], -1)], -2)
+            gain = p @ h.T @ (adjugate / det[:, None, None])
+            x = x + (gain @ (z - x @ h.T)[..., None])[..., 0]  # update
+            p = (torch.eye(2) - gain @ h) @ p
+            return (x, p), x
+
+        (x, p), xs = torchscan.scan(step, (x0, p0), zs)
+        return x, p, xs
+
+
+def test_a_kalman_filter_with_2x2_inverses_computes_alike_in_every_runtime() -> None:
+    torch.manual_seed(0)
+    zs = (torch.randn(50, 4, 2) * 3).cumsum(0)
+    x0, p0 = torch.zeros(4, 2), torch.eye(2).repeat(4, 1, 1)
+    time = torch.export.Dim("time", min=2)
+    program = onnx_export(
+        Kalman(), (zs, x0, p0), dynamo=True, dynamic_shapes=({0: time}, None, None)
+    )
+    report = torchscan.onnx.check(program.model_proto, inputs=[zs, x0, p0])
+    assert report.ok, report
+    assert (report.atol, report.rtol) == (1e-5, 1e-5)  # float32's tolerance, the default
+    by_source = {c.source: c for c in report.comparisons}
+    assert {source: c.status for source, c in by_source.items()} == {
+        "reference": "baseline",
+        "onnxruntime": "ok",
+        "onnxruntime-unoptimized": "ok",
+        "imported": "ok",
+    }
+    # float32 products of small matrices rounded as onnxruntime and numpy round them: the
+    # imported module gives the reference evaluator's outputs to the last bit.
+    assert [o.max_abs for o in by_source["imported"].outputs] == [0.0, 0.0, 0.0]

@@ -53,16 +53,16 @@ def test_a_loop_that_does_not_end_in_time_is_stopped_in_every_runtime() -> None:
         "onnxruntime": ("timeout", "timed out after 0.5 s"),
         "onnxruntime-unoptimized": ("timeout", "timed out after 0.5 s"),
         "reference": ("timeout", "timed out after 0.5 s"),
-        "torch": ("timeout", "timed out after 0.5 s"),
+        "imported": ("timeout", "timed out after 0.5 s"),
     }
     lines = str(report).splitlines()
     assert lines[-5:] == [
         "onnxruntime: timed out after 0.5 s",
         "onnxruntime-unoptimized: timed out after 0.5 s",
         "reference: timed out after 0.5 s",
-        "torch: timed out after 0.5 s",
+        "imported: timed out after 0.5 s",
         "FAILED: onnxruntime timed out, onnxruntime-unoptimized timed out, reference timed out, "
-        "torch timed out",
+        "imported timed out",
     ]
     rows = [" ".join(line.strip("│ ").split()) for line in lines]
     assert "onnxruntime │ │ │ │ │ timed out" in rows
@@ -89,7 +89,7 @@ def test_a_pytorch_module_that_does_not_end_in_time_is_stopped() -> None:
         ("onnxruntime", "timeout"),
         ("onnxruntime-unoptimized", "timeout"),
         ("reference", "timeout"),
-        ("torch", "timeout"),
+        ("imported", "timeout"),
     ]
 
 
@@ -221,10 +221,10 @@ def test_a_module_without_args_runs_on_the_inputs() -> None:
         ("onnxruntime", "ok"),
         ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
-        ("torch", "ok"),
+        ("imported", "ok"),
     ]
     wrong = torchscan.onnx.check(model, module=lambda h0, xs: (h0, xs), inputs=[h0, xs])
     assert wrong.summary() == (
         "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
-        "torch mismatch"
+        "imported mismatch"
     )

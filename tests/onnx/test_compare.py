@@ -20,6 +20,7 @@ from torch._higher_order_ops.scan import scan as hop_scan
 import torchscan
 import torchscan.onnx
 from torchscan.onnx._check import _diff, _inputs, _load, _random
+from torchscan.onnx._check._report import CheckedNode
 
 from .._export import onnx_export
 
@@ -99,7 +100,7 @@ def test_an_onnx_backend_case_read_from_its_files_matches_its_expected_outputs(
         "onnxruntime": "ok",
         "onnxruntime-unoptimized": "ok",
         "reference": "ok",  # Scan-8 (test_scan_sum) too
-        "torch": "ok",  # sequences and optionals too
+        "imported": "ok",  # sequences and optionals too
     }
 
 
@@ -116,7 +117,7 @@ def test_an_onnx_backend_case_passes_lint_and_matches_its_expected_outputs(name:
         "onnxruntime": "ok",
         "onnxruntime-unoptimized": "ok",
         "reference": "ok",  # Scan-8 (test_scan_sum) too
-        "torch": "ok",  # sequences and optionals too
+        "imported": "ok",  # sequences and optionals too
     }
 
 
@@ -217,7 +218,7 @@ def test_a_torch_hop_scan_export_agrees_with_pytorch_in_both_runtimes(hop_export
     assert report.ok, report
     assert [c.status for c in report.comparisons] == ["baseline", "ok", "ok", "ok", "ok"]
     assert [c.source for c in report.comparisons] == [
-        "pytorch", "onnxruntime", "onnxruntime-unoptimized", "reference", "torch"
+        "pytorch", "onnxruntime", "onnxruntime-unoptimized", "reference", "imported"
     ]  # fmt: skip
     assert all(d.max_abs < 1e-5 for c in report.comparisons[1:] for d in c.outputs)
 
@@ -243,7 +244,7 @@ def test_a_torchscan_export_agrees_with_pytorch(torchscan_export) -> None:
     assert [(c.source, c.status) for c in report.comparisons[2:]] == [
         ("onnxruntime-unoptimized", "ok"),
         ("reference", "ok"),
-        ("torch", "ok"),
+        ("imported", "ok"),
     ]
 
 
@@ -366,7 +367,7 @@ def test_onnx_s_test_loop11_passes_on_random_inputs() -> None:
         "reference": "baseline",
         "onnxruntime": "ok",
         "onnxruntime-unoptimized": "ok",
-        "torch": "ok",
+        "imported": "ok",
     }
     feeds = _random_inputs(backend_cases()["test_loop11"].model, {})
     assert (feeds["trip_count"].item(), feeds["cond"].item()) == (3, True)
@@ -402,7 +403,7 @@ def test_a_zero_length_scan_is_not_supported_and_does_not_end_the_process(
         "reference": "baseline",
         "onnxruntime": "unsupported",
         "onnxruntime-unoptimized": "unsupported",
-        "torch": "ok",
+        "imported": "ok",
     }
     for onnxruntime in report.comparisons[1:3]:
         assert onnxruntime.reason.startswith("an input has an empty dimension: ")
@@ -451,12 +452,12 @@ def test_onnxruntime_does_not_run_int4() -> None:
         "reference": ("baseline", ""),
         "onnxruntime": unsupported,
         "onnxruntime-unoptimized": unsupported,
-        "torch": ("unsupported", "input 'h0': torch has no element type int4"),
+        "imported": ("unsupported", "input 'h0': torch has no element type int4"),
     }
     assert report.summary() == (
         "NOT COMPARED: 1 Scan/Loop node checked, no findings; too few independent sources ran "
         "the model to compare outputs: only reference ran (onnxruntime: not supported by that "
-        "runtime; onnxruntime-unoptimized: not supported by that runtime; torch: not supported "
+        "runtime; onnxruntime-unoptimized: not supported by that runtime; imported: not supported "
         "by that runtime)"
     )
     assert (
@@ -493,7 +494,7 @@ def test_the_report_renders_as_tables_and_as_json() -> None:
         assert piece in text
     assert text.endswith(
         "OK: 1 Scan/Loop node checked, no findings; outputs agree across expected, onnxruntime, "
-        "onnxruntime-unoptimized, reference, torch\n"
+        "onnxruntime-unoptimized, reference, imported\n"
     )
     data = json.loads(report.to_json())
     assert data["ok"] is True
@@ -681,10 +682,11 @@ CHECK_ERRORS: dict[str, tuple[Callable[[dict], object], type, str]] = {
         "{cut.onnx}: is truncated: its graph field declares 331 bytes, but the file ends 159 "
         "bytes into it",
     ),
-    "no loop": (
-        lambda f: torchscan.onnx.check(f["mlp.onnx"]),
+    "nothing to lint or run": (
+        lambda f: torchscan.onnx.check(f["mlp.onnx"], runtimes=()),
         ValueError,
-        "{mlp.onnx}: has no Scan or Loop node; there is nothing to check",
+        "{mlp.onnx}: has no Scan, Loop or If node to lint, and no runtime is to run it "
+        "(--lint-only, runtimes=()); there is nothing to check",
     ),
     "missing external data": (
         lambda f: torchscan.onnx.check(f["weights.onnx"]),
@@ -900,6 +902,13 @@ CHECK_ERRORS: dict[str, tuple[Callable[[dict], object], type, str]] = {
         ValueError,
         "unknown runtime 'tensorrt'; the runtimes are onnxruntime, reference",
     ),
+    "the old name of the imported module": (
+        lambda f: torchscan.onnx.check(f["scan.onnx"], runtimes=("onnxruntime", "torch")),
+        ValueError,
+        "unknown runtime 'torch': the module torchscan.onnx.to_torch makes of the model is the "
+        "runtime 'imported', and eager PyTorch is the module given to compare with (module=); "
+        "the runtimes are onnxruntime, reference, imported",
+    ),
     "runtimes as a string": (
         lambda f: torchscan.onnx.check(f["scan.onnx"], runtimes="onnxruntime"),
         ValueError,
@@ -996,3 +1005,204 @@ def _identity_body() -> onnx.GraphProto:
         [oh.make_tensor_value_info("e", TensorProto.FLOAT, ())],
         [oh.make_tensor_value_info("f", TensorProto.FLOAT, ())],
     )
+
+
+# --- what a check without a PyTorch baseline cannot catch -------------------------------------
+
+
+def cumulative_scan(reverse: bool = False) -> onnx.ModelProto:
+    """``h, ys = scan(h + x)`` over ``xs[T, 2]``; ``reverse``: reading xs from its end, a model
+    exported wrong that every runtime computes alike."""
+    info = oh.make_tensor_value_info
+    body = oh.make_graph(
+        [oh.make_node("Add", ["h", "x"], ["h2"]), oh.make_node("Identity", ["h2"], ["y"])],
+        "body",
+        [info("h", TensorProto.FLOAT, (2,)), info("x", TensorProto.FLOAT, (2,))],
+        [info("h2", TensorProto.FLOAT, (2,)), info("y", TensorProto.FLOAT, (2,))],
+    )
+    directions = {"scan_input_directions": [1]} if reverse else {}
+    node = oh.make_node(
+        "Scan", ["h0", "xs"], ["hT", "ys"], body=body, num_scan_inputs=1, **directions
+    )
+    graph = oh.make_graph(
+        [node],
+        "main",
+        [info("h0", TensorProto.FLOAT, (2,)), info("xs", TensorProto.FLOAT, ("T", 2))],
+        [info("hT", TensorProto.FLOAT, (2,)), info("ys", TensorProto.FLOAT, ("T", 2))],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
+
+
+class Cumulative(torch.nn.Module):
+    """What :func:`cumulative_scan` computes, forward."""
+
+    def forward(self, h0: torch.Tensor, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ys = h0 + torch.cumsum(xs, 0)
+        return ys[-1], ys
+
+
+def test_without_a_baseline_a_scan_in_the_wrong_direction_passes_and_the_report_says_so() -> None:
+    flipped = cumulative_scan(reverse=True)
+    h0, xs = torch.zeros(2), torch.arange(8.0).reshape(4, 2)
+    report = torchscan.onnx.check(flipped, inputs=[h0, xs])
+    assert report.ok, report  # every runtime reads xs backwards alike
+    assert not report.baseline_took_part
+    lines = str(report).splitlines()
+    assert lines[-2:] == [
+        "note: no PyTorch baseline took part: the runtimes were held against each other only, so "
+        "a model that computes the wrong thing the same way in every runtime (a wrong weight, a "
+        "scan run in the wrong direction) passes. Give the PyTorch module (--module, module=) or "
+        "the expected outputs (output_*.pb files next to the inputs, expected=) to catch it.",
+        "OK: 1 Scan/Loop node checked, no findings; outputs agree across reference, onnxruntime, "
+        "onnxruntime-unoptimized, imported; no PyTorch baseline or expected outputs took part",
+    ]
+    caught = torchscan.onnx.check(flipped, module=Cumulative(), args=(h0, xs))
+    assert (caught.verdict, caught.ok) == ("failed", False)
+    assert caught.summary() == (
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "imported mismatch"
+    )
+    expected = [t.numpy() for t in Cumulative()(h0, xs)]
+    assert not torchscan.onnx.check(flipped, inputs=[h0, xs], expected=expected).ok
+    right = torchscan.onnx.check(cumulative_scan(), module=Cumulative(), args=(h0, xs))
+    assert right.ok, right
+    assert right.baseline_took_part
+    assert right.summary() == (
+        "OK: 1 Scan/Loop node checked, no findings; outputs agree across pytorch, onnxruntime, "
+        "onnxruntime-unoptimized, reference, imported"
+    )
+    assert not any(note.startswith("no PyTorch baseline") for note in right.notes)
+
+
+# --- models without Scan or Loop: If, LSTM, and none of them ----------------------------------
+
+
+class Lstm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x)[0]
+
+
+@functools.cache
+def lstm_model() -> tuple[onnx.ModelProto, torch.nn.Module, torch.Tensor]:
+    """``nn.LSTM`` exported by ``torch.onnx.export(dynamo=True)``: one LSTM node, no loop."""
+    torch.manual_seed(0)
+    module, x = Lstm().eval(), torch.randn(5, 2, 3)
+    program = onnx_export(module, (x,), dynamo=True)
+    return program.model_proto, module, x
+
+
+def if_model() -> onnx.ModelProto:
+    """``y = x + 1 if cond else x * 2``, one If node."""
+    info = oh.make_tensor_value_info
+    one = oh.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    two = oh.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    then = oh.make_graph(
+        [oh.make_node("Add", ["x", "one"], ["a"])], "then", [], [info("a", TensorProto.FLOAT, [3])]
+    )
+    orelse = oh.make_graph(
+        [oh.make_node("Mul", ["x", "two"], ["m"])], "else", [], [info("m", TensorProto.FLOAT, [3])]
+    )
+    node = oh.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=orelse, name="pick")
+    graph = oh.make_graph(
+        [node],
+        "main",
+        [info("cond", TensorProto.BOOL, []), info("x", TensorProto.FLOAT, [3])],
+        [info("y", TensorProto.FLOAT, [3])],
+        [one, two],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 16)])
+
+
+def test_an_lstm_model_is_compared_and_its_node_listed() -> None:
+    model, module, x = lstm_model()
+    ops = {n.op_type for n in model.graph.node}
+    assert "LSTM" in ops
+    assert not ops & {"Scan", "Loop", "If"}
+    report = torchscan.onnx.check(model, inputs=[x])
+    assert report.ok, report
+    assert report.nodes == ()
+    assert [(n.node.split(" ")[0], n.op) for n in report.other_nodes] == [("LSTM", "LSTM-14")]
+    assert {c.source: c.status for c in report.comparisons} == {
+        "reference": "baseline",
+        "onnxruntime": "ok",
+        "onnxruntime-unoptimized": "ok",
+        "imported": "ok",
+    }
+    assert report.summary() == (
+        "OK: no Scan, Loop or If node to lint, no findings; outputs agree across reference, "
+        "onnxruntime, onnxruntime-unoptimized, imported; no PyTorch baseline or expected outputs "
+        "took part"
+    )
+    rows = [" ".join(line.strip("│ ").split()) for line in str(report).splitlines()]
+    assert "If and recurrent nodes" in rows
+    assert f"{report.other_nodes[0].node} │ LSTM-14 │ no rules (outputs compared)" in rows
+    with torch.no_grad():
+        want = module(x).numpy()
+    assert torchscan.onnx.check(model, inputs=[x], module=module, args=(x,)).ok
+    wrong = torchscan.onnx.check(model, inputs=[x], expected=[want + 1e-3])
+    assert wrong.summary() == (
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "imported mismatch"
+    )
+
+
+def test_an_if_model_is_linted_and_compared() -> None:
+    model = if_model()
+    report = torchscan.onnx.check(model)
+    assert report.ok, report
+    assert report.other_nodes == (CheckedNode("If 'pick'", "If-16"),)
+    assert report.summary() == (
+        "OK: 1 If node checked, no findings; outputs agree across reference, onnxruntime, "
+        "onnxruntime-unoptimized, imported; no PyTorch baseline or expected outputs took part"
+    )
+    rows = [" ".join(line.strip("│ ").split()) for line in str(report).splitlines()]
+    assert "If 'pick' │ If-16 │ ok" in rows
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    inputs = {"cond": np.array(False), "x": x}
+    assert torchscan.onnx.check(model, inputs=inputs, expected=[x * 2]).ok
+    wrong = torchscan.onnx.check(model, inputs=inputs, expected=[x + 1])
+    assert not wrong.ok
+    assert wrong.summary() == (
+        "FAILED: onnxruntime mismatch, onnxruntime-unoptimized mismatch, reference mismatch, "
+        "imported mismatch"
+    )
+    linted = torchscan.onnx.check(model, runtimes=())
+    assert (linted.verdict, linted.comparisons) == ("ok", ())
+    assert linted.summary() == "OK: 1 If node checked, no findings"
+
+
+def test_an_if_whose_branches_disagree_on_a_shape_is_a_finding_without_scan_or_loop() -> None:
+    model = if_model()
+    del model.opset_import[:]
+    model.opset_import.append(oh.make_opsetid("", 10))  # If-1: one shape for both branches
+    model.graph.node[0].attribute[1].g.output[0].type.tensor_type.shape.dim[0].dim_value = 4
+    report = torchscan.onnx.check(model, runtimes=())
+    assert [f.rule for f in report.findings] == ["if-branch-shapes"]
+    assert report.summary() == "FAILED: 1 finding"
+    rows = [" ".join(line.strip("│ ").split()) for line in str(report).splitlines()]
+    assert "If 'pick' │ If-1 │ 1 finding" in rows
+
+
+def test_a_model_with_no_loop_branch_or_recurrence_is_compared() -> None:
+    report = torchscan.onnx.check(_model_without_loops())
+    assert report.ok, report
+    assert (report.nodes, report.other_nodes) == ((), ())
+    assert report.summary().startswith(
+        "OK: no Scan, Loop or If node to lint, no findings; outputs agree across reference, "
+    )
+
+
+def test_an_if_without_a_version_in_force_is_listed_as_not_checked() -> None:
+    model = if_model()
+    del model.opset_import[:]
+    model.opset_import.append(oh.make_opsetid("com.example", 1))
+    report = torchscan.onnx.check(model)
+    assert report.other_nodes == (CheckedNode("If 'pick'", "If (no version in force)"),)
+    rows = [" ".join(line.strip("│ ").split()) for line in str(report).splitlines()]
+    assert "If 'pick' │ If (no version in force) │ not checked" in rows
+    # onnxruntime runs it; the model fails onnx.checker, so the others' errors are the model's
+    assert report.summary() == "FAILED: reference error, imported error"

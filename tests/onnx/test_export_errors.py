@@ -947,3 +947,43 @@ def test_a_nested_scan_is_traced_a_bounded_number_of_times() -> None:
     with torch.no_grad():
         got = torch.export.export(Nested(), (xs, h)).module()(xs, h)
     torch.testing.assert_close(got, expected)
+
+
+class Likelihood(torch.nn.Module):
+    """A step that scores its carry under a distribution made from x, as samplers and filters
+    do; ``validate_args`` as given (True checks the arguments' values)."""
+
+    def __init__(self, validate_args: bool) -> None:
+        super().__init__()
+        self.validate_args = validate_args
+
+    def forward(self, xs, h):
+        def step(c, x):
+            checks = self.validate_args
+            d = torch.distributions.Normal(x, torch.ones_like(x), validate_args=checks)  # <normal>
+            return c + d.log_prob(c), c
+
+        return torchscan.scan(step, h, xs)
+
+
+def test_a_distribution_that_checks_its_arguments_is_refused_naming_validate_args():
+    # torch's default, which TorchDynamo turns off for the whole process when it first runs
+    with pytest.raises(torchscan.ExportError) as info:
+        export_dynamic(Likelihood(True), ARGS)
+    assert str(info.value) == (
+        "torchscan.scan: fn (Likelihood.forward.<locals>.step) reads the value of a tensor at "
+        f"{line_of('normal')}, which is known only when the exported model runs: the step is "
+        "traced once for all steps, so Python control flow on a tensor (if, while, bool(), "
+        "int(), .item()) cannot be exported. torch.distributions checks the values of a "
+        "distribution's arguments when it is made (validate_args), which reads them: make it "
+        "with validate_args=False (torch.distributions.Normal(loc, scale, validate_args=False)), "
+        "or turn the checks off for every distribution with "
+        "torch.distributions.Distribution.set_default_validate_args(False)."
+    )
+
+
+def test_a_distribution_made_with_validate_args_false_exports():
+    model = Likelihood(False)
+    exported = export_dynamic(model, ARGS).model_proto
+    inputs = (torch.randn(5, 2), torch.randn(2))  # another length than the exported one
+    assert_outputs_close(run_onnxruntime(exported, inputs), eager_outputs(model, inputs), exported)

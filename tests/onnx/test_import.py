@@ -43,8 +43,8 @@ def _jax2onnx_cases() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("model", "data"), _jax2onnx_cases())
 def test_a_jax2onnx_model_computes_what_jax_computed(model: str, data: str) -> None:
     """jax2onnx writes lax.scan, fori_loop and while_loop as Loop and lax.cond as If: the module
-    computes JAX's outputs, and where there is a Loop, ``torchscan check`` finds onnxruntime,
-    the reference evaluator and the module agreeing on them."""
+    computes JAX's outputs, and ``torchscan check`` finds onnxruntime, the reference evaluator
+    and the module agreeing on them, a model with an If and no Loop too."""
     proto = onnx.load(JAX2ONNX / model)
     arrays = np.load(JAX2ONNX / data)
     inputs = [arrays[f"input_{i}"] for i in range(len(proto.graph.input))]
@@ -56,8 +56,6 @@ def test_a_jax2onnx_model_computes_what_jax_computed(model: str, data: str) -> N
     for value, want in zip(got, outputs, strict=True):
         assert value.numpy().dtype == want.dtype
         np.testing.assert_allclose(value.numpy(), want, rtol=1e-5, atol=1e-5)
-    if not any(n.op_type == "Loop" for n in _nodes(proto.graph)):
-        return  # an If alone: the check checks Scan and Loop nodes
     report = torchscan.onnx.check(proto, inputs=inputs, expected=outputs)
     assert report.ok, report
     assert {c.source: c.status for c in report.comparisons} == {
@@ -65,7 +63,7 @@ def test_a_jax2onnx_model_computes_what_jax_computed(model: str, data: str) -> N
         "onnxruntime": "ok",
         "onnxruntime-unoptimized": "ok",
         "reference": "ok",
-        "torch": "ok",
+        "imported": "ok",
     }
 
 
@@ -656,3 +654,121 @@ def test_scan_8_with_a_sequence_length_out_of_range_is_refused() -> None:
     torch.testing.assert_close(ys[1, 1:], torch.zeros(2, 2))  # padded with zeros
     with pytest.raises(OnnxImportError, match=r"'sc' \(Scan-8\).*sequence_lens \[4, 1\]"):
         module(torch.tensor([4, 1], dtype=torch.int32), torch.zeros(2, 2), xs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Products of small float32 matrices, rounded as onnxruntime and numpy round them
+
+
+def _product_model(op: str, shapes: list[tuple[int, ...]], out: tuple[int, ...], **attributes):
+    names = ["a", "b", "c"][: len(shapes)]
+    f = onnx.TensorProto.FLOAT
+    graph = oh.make_graph(
+        [oh.make_node(op, names, ["y"], **attributes)],
+        "g",
+        [oh.make_tensor_value_info(n, f, s) for n, s in zip(names, shapes, strict=True)],
+        [oh.make_tensor_value_info("y", f, out)],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+
+
+PRODUCTS = {
+    "batch of 2x2 by 2x2": ((256, 2, 2), (2, 2)),
+    "2x2 by batch of 2x2": ((2, 2), (256, 2, 2)),
+    "batches broadcast": ((8, 1, 3, 5), (4, 5, 3)),
+    "rows by 2x2": ((1000, 2), (2, 2)),
+    "inner 16": ((40, 16), (16, 9)),
+    "matrix by vector": ((300, 2), (2,)),
+    "vector by matrix": ((2,), (2, 300)),
+    "batch of matrices by columns": ((100, 3, 2), (100, 2, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(PRODUCTS))
+def test_matmul_of_float32_gives_onnxruntime_s_and_numpy_s_bits(case: str) -> None:
+    """onnxruntime's CPU kernel and numpy's matmul add each term of a small product with one
+    rounding (a fused multiply-add); torch's rounds the term first, one unit in the last place
+    apart in about half the elements, which a computation that cancels makes much larger."""
+    a_shape, b_shape = PRODUCTS[case]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    model = _product_model("MatMul", [a_shape, b_shape], np.matmul(a, b).shape)
+    with torch.no_grad():
+        got = torchscan.onnx.to_torch(model)(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    for onnxruntime in run_onnxruntime_on(model, {"a": a, "b": b}).values():
+        np.testing.assert_array_equal(got, onnxruntime[0])
+    if a_shape[-1] <= 5:  # numpy's own loop (a BLAS library computes larger ones)
+        np.testing.assert_array_equal(got, np.matmul(a, b))
+
+
+def test_matmul_rounds_each_term_once_where_float64_would_round_twice() -> None:
+    """1 + a * b with a * b = 2**-24 + 2**-60 exactly (4097 * 16773121 = 2**36 + 1): the sum lies
+    just above the float32 midpoint 1 + 2**-24, and a fused multiply-add rounds it up, to
+    1 + 2**-23. Rounded to float64 first, it would be the midpoint itself, and then 1.0."""
+    small, large = np.float32(4097 * 2.0**-30), np.float32(16773121 * 2.0**-30)
+    a = np.array([[1.0, small], [1.0, small]], np.float32)
+    b = np.array([[1.0, 1.0], [large, large]], np.float32)
+    model = _product_model("MatMul", [(2, 2), (2, 2)], (2, 2))
+    with torch.no_grad():
+        got = torchscan.onnx.to_torch(model)(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    np.testing.assert_array_equal(got, np.full((2, 2), 1 + 2.0**-23, np.float32))
+    np.testing.assert_array_equal(got, np.matmul(a, b))
+    for onnxruntime in run_onnxruntime_on(model, {"a": a, "b": b}).values():
+        np.testing.assert_array_equal(got, onnxruntime[0])
+
+
+@pytest.mark.parametrize("bias", [(3, 4), (4,), ()])
+def test_gemm_of_float32_gives_onnxruntime_s_bits(bias: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(1)
+    rows = 3 if bias == (3, 4) else 300
+    a = rng.standard_normal((rows, 3)).astype(np.float32)
+    b = rng.standard_normal((4, 3)).astype(np.float32)
+    c = rng.standard_normal(bias).astype(np.float32)
+    model = _product_model("Gemm", [a.shape, b.shape, c.shape], (len(a), 4), transB=1)
+    with torch.no_grad():
+        got = torchscan.onnx.to_torch(model)(*map(torch.from_numpy, (a, b, c))).numpy()
+    for onnxruntime in run_onnxruntime_on(model, {"a": a, "b": b, "c": c}).values():
+        np.testing.assert_array_equal(got, onnxruntime[0])
+    np.testing.assert_array_equal(got, a @ b.T + c)  # numpy, as the reference evaluator
+
+
+def test_matmul_has_torch_s_gradients_and_exports_with_a_dynamic_batch() -> None:
+    model = _product_model("MatMul", [("n", 2, 2), (2, 2)], ("n", 2, 2))
+    module = torchscan.onnx.to_torch(model)
+    a, b = torch.randn(64, 2, 2, requires_grad=True), torch.randn(2, 2, requires_grad=True)
+    got = module(a, b)
+    got.pow(2).sum().backward()
+    want_a, want_b = a.detach().requires_grad_(), b.detach().requires_grad_()
+    (want_a @ want_b).pow(2).sum().backward()
+    torch.testing.assert_close(a.grad, want_a.grad)
+    torch.testing.assert_close(b.grad, want_b.grad)
+    with torch.no_grad():
+        torch.testing.assert_close(got, module(a, b))  # the same values with autograd
+    batch = torch.export.Dim("batch", min=2)
+    program = torch.export.export(
+        module, (a.detach(), b.detach()), dynamic_shapes=({0: batch}, None)
+    )
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert any("matmul" in t or "bmm" in t for t in targets), targets
+    assert not any("nextafter" in t for t in targets), targets
+    torch.testing.assert_close(program.module()(a[:5].detach(), b.detach()), a[:5] @ b)
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
+@pytest.mark.parametrize("pads", [[0, -1, 0, 1], [0, 1, 0, -2], [-1, 2, 1, -1]])
+def test_pad_removes_the_elements_of_a_negative_pad_before_it_pads(mode, pads) -> None:
+    """``wrap`` wraps around the elements kept, as onnxruntime does."""
+    f, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    rows, cols = 3 + pads[0] + pads[2], 4 + pads[1] + pads[3]
+    graph = oh.make_graph(
+        [oh.make_node("Pad", ["x", "pads"], ["y"], mode=mode)],
+        "g",
+        [oh.make_tensor_value_info("x", f, [3, 4]), oh.make_tensor_value_info("pads", i64, [4])],
+        [oh.make_tensor_value_info("y", f, [rows, cols])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 19)])
+    x, p = np.arange(12, dtype=np.float32).reshape(3, 4), np.array(pads, np.int64)
+    got = torchscan.onnx.to_torch(model)(torch.from_numpy(x), torch.from_numpy(p)).numpy()
+    for onnxruntime in run_onnxruntime_on(model, {"x": x, "pads": p}).values():
+        np.testing.assert_array_equal(got, onnxruntime[0])

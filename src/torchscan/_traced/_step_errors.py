@@ -23,8 +23,14 @@ import torch
 
 from torchscan import _compat
 from torchscan._errors import ExportError
+from torchscan._source import (
+    DISTRIBUTIONS_REMEDY,
+    TORCHSCAN_FILES,
+    StepSource,
+    in_torch_distributions,
+    is_users,
+)
 from torchscan._source import TORCH_FILES as _TORCH
-from torchscan._source import TORCHSCAN_FILES, StepSource, is_users
 
 STEP_KEY = "torchscan_step"
 """The key of a traced body's :class:`StepSource` in its ``GraphModule.meta``."""
@@ -145,12 +151,16 @@ def data_dependent(step: StepSource, error: BaseException) -> ExportError | None
     file, line, name = outside_torch[-1]
     if not step.owns(file, name, line):
         where += f" (in {name}, {file}:{line})"
+    remedy = (
+        DISTRIBUTIONS_REMEDY
+        if in_torch_distributions(frame[0] for frame in frames)
+        else "Choose between values with torch.where(condition, a, b), or between two "
+        "computations with torch.cond(condition, true_fn, false_fn, operands)."
+    )
     return ExportError(
         f"{step.who} reads the value of a tensor{where}, which is known only when the exported "
         "model runs: the step is traced once for all steps, so Python control flow on a tensor "
-        "(if, while, bool(), int(), .item()) cannot be exported. Choose between values with "
-        "torch.where(condition, a, b), or between two computations with "
-        "torch.cond(condition, true_fn, false_fn, operands)."
+        f"(if, while, bool(), int(), .item()) cannot be exported. {remedy}"
     )
 
 

@@ -6,11 +6,13 @@ every analysis: protobuf stays there, in the reader of ``.pb`` test data and in 
 as ``tests/onnx/test_check_ir.py`` holds),
 ``_inputs`` and ``_random`` (given and random inputs), ``_runtimes`` (onnxruntime, in a child
 process where a crash is plausible, onnx's reference evaluator with the operators of
-``_reference_ops`` and a ``Loop`` that follow the specification, and eager PyTorch), ``_limit``
+``_reference_ops`` and a ``Loop`` that follow the specification, the module
+``torchscan.onnx.to_torch`` makes of the model, ``"imported"``, and eager PyTorch), ``_limit``
 (each of them within a time limit, stopped at once on Ctrl-C), ``_diff``
 (outputs against the baseline's), ``_lint`` (the lint's driver), ``_rules`` (the rule table and the
 words of the specification), ``_site`` and ``_shared_rules`` (what the Scan and Loop rules share),
-``_scan_rules``, ``_loop_rules``, and ``_report`` (the report, rendered by ``rich``). Importing the
-package imports none of them: ``torchscan.onnx`` loads ``check`` and the report classes from their
-modules when first used, so that an export imports neither the check tool nor ``rich``.
+``_scan_rules``, ``_loop_rules``, ``_if_rules``, and ``_report`` (the report, rendered by
+``rich``). Importing the package imports none of them: ``torchscan.onnx`` loads ``check`` and
+the report classes from their modules when first used, so that an export imports neither the
+check tool nor ``rich``.
 """

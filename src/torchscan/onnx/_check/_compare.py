@@ -1,11 +1,11 @@
-"""``torchscan.onnx.check``: lint a model's Scan and Loop nodes, and compare its runtimes. The
-model is read (from a path, bytes or a ``ModelProto``) with errors that say what is wrong with the
-file, and into onnx_ir once, which every analysis reads (:mod:`torchscan.onnx._check._load`); its
-``Scan`` and ``Loop`` nodes are linted
-(:mod:`torchscan.onnx._check._lint`); then it is run in onnxruntime and in onnx's reference
-evaluator (:mod:`torchscan.onnx._check._runtimes`), and optionally eager PyTorch, on the same
-inputs (:mod:`torchscan.onnx._check._inputs`, :mod:`torchscan.onnx._check._random`), and every
-output is held against a baseline (:mod:`torchscan.onnx._check._diff`).
+"""``torchscan.onnx.check``: lint a model's Scan, Loop and If nodes, and compare its runtimes.
+The model is read (from a path, bytes or a ``ModelProto``) with errors that say what is wrong with
+the file, and into onnx_ir once, which every analysis reads (:mod:`torchscan.onnx._check._load`);
+its ``Scan``, ``Loop`` and ``If`` nodes are linted (:mod:`torchscan.onnx._check._lint`); then it
+is run in onnxruntime, in onnx's reference evaluator and as the module ``to_torch`` makes of it
+(:mod:`torchscan.onnx._check._runtimes`), and optionally eager PyTorch, on the same inputs
+(:mod:`torchscan.onnx._check._inputs`, :mod:`torchscan.onnx._check._random`), and every output is
+held against a baseline (:mod:`torchscan.onnx._check._diff`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ from torchscan.onnx._check._random import SEED, random_inputs
 from torchscan.onnx._check._random_ops import random_outputs
 from torchscan.onnx._check._report import (
     BASELINE,
+    COULD_NOT_RUN,
     ERROR,
     MISMATCH,
+    NO_BASELINE,
     OK,
     RANDOM,
     TIMEOUT,
@@ -50,6 +52,7 @@ from torchscan.onnx._check._report import (
     CheckReport,
     Comparison,
     OutputDiff,
+    _family,
 )
 from torchscan.onnx._check._runtimes import (
     _RUNNERS,
@@ -77,19 +80,22 @@ def check(
     timeout: float | None = None,
     strict: bool = True,
 ) -> CheckReport:
-    """Lint every ``Scan`` and ``Loop`` node of an ONNX model and compare runtimes on it.
+    """Lint the ``Scan``, ``Loop`` and ``If`` nodes of an ONNX model and compare runtimes on it.
 
     Lint: each ``Scan`` and ``Loop`` node, bodies and local functions included, is checked
     against the rules of the version in force in the model (body arity, ``num_scan_inputs``,
     axes and directions, element types, ``M`` and ``cond``, carried types and shapes, Scan-8's
-    batch axis and ``sequence_lens``); each finding names the node, the rule and quotes the
-    specification. ``docs/check.md`` lists the rules.
+    batch axis and ``sequence_lens``), and each ``If`` node against the shapes its branches
+    give its outputs; each finding names the node, the rule and quotes the specification.
+    ``docs/check.md`` lists the rules. ``RNN``, ``GRU`` and ``LSTM`` nodes are listed in the
+    report (``other_nodes``), with no rule to apply. Any model is compared, one without any of
+    these nodes too.
 
     Compare: the model runs in each of ``runtimes`` on the same inputs (onnxruntime twice: at
     its default graph optimization level, as users run it, as ``"onnxruntime"``, and with the
     optimizations off, as ``"onnxruntime-unoptimized"``; ``"reference"``, onnx's reference
-    evaluator; ``"torch"``, the module :func:`torchscan.onnx.to_torch` makes of the model, run
-    eagerly on the CPU), and ``module(*args)`` runs eagerly when a module is given. Every
+    evaluator; ``"imported"``, the module :func:`torchscan.onnx.to_torch` makes of the model,
+    run eagerly on the CPU), and ``module(*args)`` runs eagerly when a module is given. Every
     output is held against a baseline: ``expected`` (or the ``output_*.pb`` files next to the
     inputs) where given, else PyTorch's outputs, else the reference evaluator's, else the
     imported module's, else onnxruntime's without and then with its optimizations (the first
@@ -102,14 +108,19 @@ def check(
     does not run a model (onnx's reference evaluator on an operator it does not implement, or
     on a loop that runs no step whose body does not declare the shapes of its scan outputs;
     onnxruntime where it has no kernel, its status NOT_IMPLEMENTED, and on 4-bit and 2-bit
-    types; either on a zero-length scan; ``"torch"`` where ``to_torch`` or torch does not
+    types; either on a zero-length scan; ``"imported"`` where ``to_torch`` or torch does not
     implement an operator, a version or an element type, ``OnnxImportError.not_implemented``)
-    is reported as not supported, which is not a failure;
-    any other error of a runtime is.
+    is reported as not supported, which is not a failure. Any other error of a runtime is an
+    error, which fails the check, except where the model passes ``onnx.checker`` (its full
+    check, shape inference included) and at least two independent sources still gave outputs:
+    then the runtime is reported as ``"could not run"``, with its error, and the verdict is
+    judged on the sources that ran. An error of ``module`` is always an error.
     So is a source that does not end within ``timeout`` seconds: it is stopped, and reported as
     ``"timeout"``. Where fewer than two independent sources gave outputs (onnxruntime's two
     levels are one runtime), nothing was held against anything: the verdict is
-    ``"not compared"``, which fails the check unless ``strict=False``.
+    ``"not compared"``, which fails the check unless ``strict=False``. Without ``module`` and
+    without expected outputs, the runtimes are held against each other only, which a model
+    that computes the wrong thing the same way in all of them passes: the report says so.
 
     The inputs are, in this order of preference: ``inputs``; the tensors among ``args`` (as
     ``torch.onnx.export`` flattens them) where given; random values built from the
@@ -139,8 +150,8 @@ def check(
       atol: the absolute tolerance, at least 0.
       rtol: the relative tolerance, at least 0.
       dims: sizes of named dynamic dimensions (``dim_param``) for random inputs.
-      runtimes: which of ``"onnxruntime"``, ``"reference"`` and ``"torch"`` to run; empty to
-        lint only.
+      runtimes: which of ``"onnxruntime"``, ``"reference"`` and ``"imported"`` to run; empty
+        to lint only.
       timeout: the seconds each source (each runtime, and PyTorch) may run the model before it
         is stopped and reported as timed out; None for no limit. The limit is on the model's
         run: the start-up of a child process that onnxruntime runs in does not count. Under a
@@ -158,9 +169,10 @@ def check(
     Raises:
       FileNotFoundError: ``model`` or ``inputs`` names no file.
       ValueError: the model cannot be read (not ONNX, truncated, empty, corrupt, without the
-        opset imports that give its Scan and Loop nodes a version), has no Scan or Loop node,
-        or the inputs or options do not fit it (inputs of another element type, rank or size;
-        random inputs too large); the message says which and why.
+        opset imports that give its Scan and Loop nodes a version), has no Scan, Loop or If
+        node to lint while no runtime is to run it, or the inputs or options do not fit it
+        (inputs of another element type, rank or size; random inputs too large); the message
+        says which and why.
       TypeError: ``model`` is of none of the accepted types.
     """
     with _errors.from_api(API):
@@ -193,8 +205,11 @@ def _check(
         linted = _lint.lint(loaded.typed)
     except ValueError as error:
         raise TorchscanValueError(f"{label}: {error}") from None
-    if not linted.nodes:
-        raise TorchscanValueError(f"{label}: has no Scan or Loop node; there is nothing to check")
+    if not (runtimes or module is not None) and not _linted_any(linted):
+        raise TorchscanValueError(
+            f"{label}: has no Scan, Loop or If node to lint, and no runtime is to run it "
+            f"(--lint-only, runtimes=()); there is nothing to check"
+        )
     comparisons: tuple[Comparison, ...] = ()
     described: tuple[str, ...] = ()
     notes = linted.notes
@@ -233,6 +248,8 @@ def _check(
                 f"sources draw alike; its shape and element type are compared"
                 for name, op in random.items()
             )
+            if expected_values is None and module is None:
+                notes += (NO_BASELINE,)
     return CheckReport(
         model=label,
         opset=linted.opset,
@@ -245,7 +262,13 @@ def _check(
         notes=notes,
         timeout=timeout,
         strict=strict,
+        other_nodes=linted.others,
     )
+
+
+def _linted_any(linted: _lint.LintResult) -> bool:
+    """Whether the lint had a node to check: a Scan, a Loop or an If."""
+    return bool(linted.nodes) or any(n.op.startswith("If-") for n in linted.others)
 
 
 def _check_options(
@@ -267,11 +290,22 @@ def _check_options(
         raise TorchscanValueError(f"runtimes is a sequence of names, not the string {runtimes!r}")
     for runtime in runtimes:
         if runtime not in RUNTIMES:
-            raise TorchscanValueError(
-                f"unknown runtime {runtime!r}; the runtimes are {', '.join(RUNTIMES)}"
-            )
+            raise TorchscanValueError(unknown_runtime(runtime))
     if module is None and args is not None:
         raise TorchscanValueError("args was given without module: PyTorch runs module(*args)")
+
+
+def unknown_runtime(name: str, where: str = "", module: str = "module=") -> str:
+    """The message for a runtime name that is not one of :data:`RUNTIMES`: ``where`` says
+    where it was given (``" in 'onnxruntime,tvm'"``), ``module`` how a module is given."""
+    runtimes = ", ".join(RUNTIMES)
+    if name == "torch":
+        return (
+            f"unknown runtime 'torch'{where}: the module torchscan.onnx.to_torch makes of the "
+            f"model is the runtime 'imported', and eager PyTorch is the module given to compare "
+            f"with ({module}); the runtimes are {runtimes}"
+        )
+    return f"unknown runtime {name!r}{where}; the runtimes are {runtimes}"
 
 
 def _inputs(
@@ -362,10 +396,21 @@ def compare(
         )
     ran = [s for s, r in results.items() if not isinstance(r, BaseException)]
     baseline = min(ran, key=_BASELINE_ORDER.index, default=None)
+    # A runtime's error on a valid model that at least two independent sources ran is the
+    # runtime's: it could not run the model.
+    failed_runtimes = [s for s, r in results.items() if isinstance(r, BaseException)]
+    overruled = (
+        any(s in _RUNNERS for s in failed_runtimes)
+        and len({_family(s) for s in ran}) >= 2
+        and _valid(model)
+    )
     comparisons = []
     for source, result in results.items():
         if isinstance(result, BaseException):
-            comparisons.append(_failed(source, baseline or "", result, empty))
+            failed = _failed(source, baseline or "", result, empty)
+            if failed.status == ERROR and source in _RUNNERS and overruled:
+                failed = dataclasses.replace(failed, status=COULD_NOT_RUN)
+            comparisons.append(failed)
         elif source == baseline:
             diffs = tuple(
                 OutputDiff(n, _shape_text(v), None, None, True, "", RANDOM if n in random else "")
@@ -387,7 +432,7 @@ _BASELINE_ORDER = (
     "expected",
     "pytorch",
     "reference",
-    "torch",
+    "imported",
     "onnxruntime-unoptimized",
     "onnxruntime",
 )
@@ -425,6 +470,18 @@ def _levels_differ(comparisons: Sequence[Comparison], names: Sequence[str]) -> t
         "output different static shapes, for one), and onnxruntime's constant folding trusts "
         "it.",
     )
+
+
+def _valid(model: LoadedModel) -> bool:
+    """Whether the model passes ``onnx.checker``'s full check (shape inference included): a
+    runtime's error on it is not the model's where other runtimes run it."""
+    import onnx.checker
+
+    try:
+        onnx.checker.check_model(model.proto, full_check=True)
+    except Exception:  # ValidationError, InferenceError, a model too large to check, ...
+        return False
+    return True
 
 
 def _attempt(run: Callable[[], list[Any]]) -> list[Any] | BaseException:

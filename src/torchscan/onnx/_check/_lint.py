@@ -6,7 +6,8 @@ and from ``onnx.defs`` outside the opsets torchscan exports to) by the rules of
 ``If`` node, by the shape rules of :mod:`torchscan.onnx._check._if_rules`. Types and
 shapes come from the model's own annotations, completed by ONNX shape inference where it
 succeeds; a rule about a type or a shape is only applied where both sides are known, so a finding
-is always a contradiction, never a guess.
+is always a contradiction, never a guess. The ``RNN``, ``GRU`` and ``LSTM`` nodes are listed, with
+no rule to apply.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from torchscan.onnx._check._site import _Site
 
 @dataclasses.dataclass(frozen=True)
 class LintResult:
-    """What :func:`lint` found: the nodes checked, the rules they break, and notes."""
+    """What :func:`lint` found: the nodes checked, the rules they break, and notes; ``others``:
+    the If nodes (linted too) and the RNN, GRU and LSTM nodes (no rule lints them)."""
 
     opset: int | None
     nodes: tuple[CheckedNode, ...]
     findings: tuple[Finding, ...]
     notes: tuple[str, ...]
+    others: tuple[CheckedNode, ...] = ()
 
 
 def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
@@ -49,7 +52,8 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
         (:func:`~torchscan.onnx._check._load.typed_model`).
 
     Returns:
-      The nodes checked, in graph order (a node's bodies right after it), and the findings.
+      The Scan and Loop nodes checked, in graph order (a node's bodies right after it), the
+      If, RNN, GRU and LSTM nodes (``others``), and the findings.
 
     Raises:
       ValueError: onnx_ir cannot read the model (it has no map types, for one), or a Scan or
@@ -60,6 +64,7 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
     opset = default_opset(graph.opset_imports)
     findings: list[Finding] = []
     nodes: list[CheckedNode] = []
+    others: list[CheckedNode] = []
     notes: set[str] = set()
     scopes = [(graph.graph, "", opset)] + [
         # a function that imports no default-domain opset uses the model's
@@ -85,7 +90,42 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
         if scope_opset is not None:
             for node, path in if_nodes(nodes_of, prefix):
                 lint_if(node, path, scope_opset, findings)
-    return LintResult(opset, tuple(nodes), tuple(findings), tuple(sorted(notes)))
+        for node, path in _other_nodes(nodes_of, prefix):
+            others.append(CheckedNode(path, _version_text(node.op_type, scope_opset)))
+    return LintResult(opset, tuple(nodes), tuple(findings), tuple(sorted(notes)), tuple(others))
+
+
+OTHER_OPS = ("If", "RNN", "GRU", "LSTM")
+"""The operators besides Scan and Loop that the report lists: ``If``, which the If rules lint,
+and the recurrent operators, which no rule lints."""
+
+
+def _other_nodes(graph: ir.Graph | ir.Function, prefix: str) -> Iterator[tuple[ir.Node, str]]:
+    """Every node of :data:`OTHER_OPS` under ``graph``, bodies included, with its path."""
+    for index, node in enumerate(graph):
+        label = f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
+        path = prefix + label
+        if _ir.is_default_domain(node.domain) and node.op_type in OTHER_OPS:
+            yield node, path
+        for attr in node.attributes.values():
+            if attr.is_ref():
+                continue
+            if attr.type == ir.AttributeType.GRAPH:
+                yield from _other_nodes(attr.as_graph(), f"{path} > {attr.name} > ")
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for i, body in enumerate(attr.as_graphs()):
+                    yield from _other_nodes(body, f"{path} > {attr.name}[{i}] > ")
+
+
+def _version_text(op: str, opset: int | None) -> str:
+    """``"LSTM-14"``: the version of ``op`` in force at ``opset``, as onnx.defs says, or
+    ``"LSTM (no version in force)"`` where the graph imports no default-domain opset."""
+    if opset is not None:
+        try:
+            return f"{op}-{onnx.defs.get_schema(op, opset, '').since_version}"
+        except onnx.defs.SchemaError:
+            pass
+    return f"{op} (no version in force)"
 
 
 # --- finding the nodes and the version in force -------------------------------------------------

@@ -1,8 +1,9 @@
 """Operators of onnx's reference evaluator that ``check`` replaces, through its public ``new_ops``
 argument, where onnx 1.23's implementation departs from the specification: ``ReduceLogSumExp``
-(NaN where every element reduced is -inf) and ``GatherElements`` (a negative ``axis``, and more
-than 64 entries along the axis at rank 3 or more, fail). Each is a subclass of onnx's own class,
-named after the operator, as ``new_ops`` requires; it replaces every version of the operator.
+(NaN where every element reduced is -inf), ``GatherElements`` (a negative ``axis``, and more
+than 64 entries along the axis at rank 3 or more, fail) and ``Pad`` (negative pads fail). Each
+is a subclass of onnx's own class (or of its base class), named after the operator, as
+``new_ops`` requires; it replaces every version of the operator.
 """
 
 from __future__ import annotations
@@ -86,6 +87,67 @@ def gather_elements() -> type:
             return (np.take_along_axis(data[covered], indices.astype(np.int64), axis=axis),)
 
     return GatherElements
+
+
+@functools.cache
+def pad() -> type:
+    """onnx.reference's ``Pad``, with negative pads.
+
+    The specification: ``pads`` holds "the number of padding elements to add or remove (if
+    negative) at the beginning and end of each axis", in every version from Pad-2 (Pad-1's
+    ``paddings`` too). onnx 1.23 hands them to ``numpy.pad``, which refuses a negative width
+    ("index can't contain negative values"), so that a model that crops with ``Pad`` (what
+    ``torch.nn.functional.pad`` with a negative width exports to) does not run. This removes
+    the elements of each negative pad first, then pads what is left with the others, as
+    onnxruntime does (``wrap`` wraps around what is left, ``reflect`` and ``edge`` read it).
+    One class serves every version: before Pad-11 the pads and the value are attributes
+    (``paddings`` and ``value`` in Pad-1), from Pad-11 inputs, with ``axes`` from Pad-18.
+    """
+    from onnx.reference.op_run import OpRun
+
+    class Pad(OpRun):
+        def _run(  # the inputs and attributes of every version, by name
+            self,
+            data,
+            pads=None,
+            constant_value=None,
+            axes=None,
+            mode=None,
+            paddings=None,
+            value=None,
+        ):
+            widths = [int(p) for p in np.asarray(pads if pads is not None else paddings).ravel()]
+            rank = data.ndim
+            chosen = list(range(rank)) if axes is None else [int(a) for a in np.ravel(axes)]
+            if len(widths) != 2 * len(chosen):
+                raise TorchscanValueError(
+                    f"Pad: pads {widths} do not give 2 values for each of {len(chosen)} axes"
+                )
+            kept = [slice(None)] * rank
+            added = [(0, 0)] * rank
+            count = len(chosen)
+            for axis, begin, end in zip(chosen, widths[:count], widths[count:], strict=True):
+                if not -rank <= axis < rank:
+                    raise TorchscanValueError(f"Pad: axis {axis} is out of range for rank {rank}")
+                axis %= rank
+                size = data.shape[axis]
+                if size + begin + end < 0:
+                    raise TorchscanValueError(
+                        f"Pad: pads {widths} remove more than the {size} elements of axis {axis}"
+                    )
+                kept[axis] = slice(max(-begin, 0), size - max(-end, 0))
+                added[axis] = (max(begin, 0), max(end, 0))
+            cropped = data[tuple(kept)]
+            mode = "constant" if mode is None else mode
+            if mode == "constant":
+                fill = constant_value if constant_value is not None else value
+                fill = 0 if fill is None else np.asarray(fill).reshape(-1)[0]
+                out = np.pad(cropped, added, mode="constant", constant_values=fill)
+            else:
+                out = np.pad(cropped, added, mode=mode)
+            return (out.astype(data.dtype),)
+
+    return Pad
 
 
 @functools.cache

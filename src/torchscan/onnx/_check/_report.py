@@ -23,6 +23,7 @@ MISMATCH = "mismatch"
 UNSUPPORTED = "unsupported"
 ERROR = "error"
 TIMEOUT = "timeout"
+COULD_NOT_RUN = "could not run"
 BASELINE = "baseline"
 _FAILING = (MISMATCH, ERROR, TIMEOUT)
 _RAN = (OK, MISMATCH, BASELINE)
@@ -30,6 +31,15 @@ RANDOM = "random"
 """Why the values of an output are not compared: they depend on a random operator."""
 UNSUPPORTED_TEXT = "not supported by that runtime"
 """How the text report says ``"unsupported"``: a runtime that does not run the model."""
+BASELINES = ("expected", "pytorch")
+"""The sources that do not read the ONNX model: the expected outputs, and eager PyTorch."""
+NO_BASELINE = (
+    "no PyTorch baseline took part: the runtimes were held against each other only, so a "
+    "model that computes the wrong thing the same way in every runtime (a wrong weight, a scan "
+    "run in the wrong direction) passes. Give the PyTorch module (--module, module=) or the "
+    "expected outputs (output_*.pb files next to the inputs, expected=) to catch it."
+)
+"""The note of a report whose outputs were compared without a PyTorch baseline."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +71,8 @@ class Finding:
 
 @dataclasses.dataclass(frozen=True)
 class CheckedNode:
-    """One ``Scan`` or ``Loop`` node that was checked: its path and the version in force."""
+    """One node that was linted, or found: its path and the version in force (as in
+    ``"Scan-16"``)."""
 
     node: str
     op: str
@@ -102,15 +113,19 @@ class Comparison:
     """One source of outputs (a runtime, or eager PyTorch) held against the baseline.
 
     Attributes:
-      source: ``"onnxruntime"``, ``"reference"`` (``onnx.reference.ReferenceEvaluator``),
-        ``"pytorch"`` or ``"expected"``.
+      source: ``"onnxruntime"``, ``"onnxruntime-unoptimized"``, ``"reference"``
+        (``onnx.reference.ReferenceEvaluator``), ``"imported"`` (the module
+        ``torchscan.onnx.to_torch`` makes of the model), ``"pytorch"`` (the module given to
+        compare with) or ``"expected"``.
       against: the baseline's source; ``source`` itself for the baseline, and empty where no
         source gave outputs.
       status: ``"ok"``, ``"mismatch"`` (an output out of tolerance), ``"unsupported"`` (the
-        runtime does not run this model; not a failure), ``"error"`` (it failed otherwise),
-        ``"timeout"`` (it did not end within the time limit, and was stopped) or ``"baseline"``.
-      reason: for ``"unsupported"``, ``"error"`` and ``"timeout"``, why, in one line (as in
-        ``"timed out after 60 s"``).
+        runtime does not run this model; not a failure), ``"could not run"`` (the runtime
+        failed on a model that ``onnx.checker`` accepts, while at least two independent
+        sources ran it; not a failure), ``"error"`` (it failed otherwise), ``"timeout"`` (it
+        did not end within the time limit, and was stopped) or ``"baseline"``.
+      reason: for ``"unsupported"``, ``"could not run"``, ``"error"`` and ``"timeout"``, why,
+        in one line (as in ``"timed out after 60 s"``).
       outputs: one entry per output compared.
     """
 
@@ -144,6 +159,9 @@ class CheckReport:
       timeout: the seconds each source could run, or None for no limit.
       strict: whether a check that fewer than two independent sources ran (the verdict
         ``"not compared"``) fails; False where the user accepted a single source.
+      other_nodes: the ``If`` nodes, linted by the rules of ``If``, and the ``RNN``, ``GRU``
+        and ``LSTM`` nodes, which no rule lints (their outputs are compared as any others), with
+        the version in force for each.
     """
 
     model: str
@@ -157,12 +175,14 @@ class CheckReport:
     notes: tuple[str, ...] = ()
     timeout: float | None = None
     strict: bool = True
+    other_nodes: tuple[CheckedNode, ...] = ()
 
     @property
     def verdict(self) -> str:
-        """``"failed"`` where a rule is broken or an output disagrees or fails to be computed;
-        else ``"not compared"`` where the model was run but fewer than two independent sources
-        gave outputs (nothing was held against anything); else ``"ok"``."""
+        """``"failed"`` where a rule is broken or an output disagrees or fails to be computed
+        (a runtime that ``"could not run"`` a valid model that two other sources ran is no
+        failure); else ``"not compared"`` where the model was run but fewer than two
+        independent sources gave outputs (nothing was held against anything); else ``"ok"``."""
         if self.findings or not all(c.ok for c in self.comparisons):
             return FAILED
         if self.comparisons and len(self.independent) < 2:
@@ -203,31 +223,51 @@ class CheckReport:
         """The report as a JSON document (strict JSON: no NaN or Infinity literals)."""
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, allow_nan=False)
 
+    @property
+    def baseline_took_part(self) -> bool:
+        """Whether outputs that do not come from the ONNX model took part: the expected
+        outputs, or eager PyTorch's. Without them, the runtimes are held against each other
+        only, and a model that computes the wrong thing the same way in each passes."""
+        return any(c.source in BASELINES for c in self.comparisons)
+
     def summary(self) -> str:
         """One line: the verdict, and why."""
         failing = [c for c in self.comparisons if not c.ok]
-        nodes = _count(len(self.nodes), "Scan/Loop node")
+        linted = self._linted()
         if self.verdict == OK:
-            return f"OK: {nodes} checked, no findings{_agreement(self.comparisons)}"
+            could = [c.source for c in self.comparisons if c.status == COULD_NOT_RUN]
+            why = f"; {', '.join(could)} could not run the model" if could else ""
+            if any(c.status == OK for c in self.comparisons) and not self.baseline_took_part:
+                why += "; no PyTorch baseline or expected outputs took part"
+            return f"OK: {linted}, no findings{_agreement(self.comparisons)}{why}"
         if self.verdict == NOT_COMPARED:
             accepted = "" if self.strict else " (a single source was accepted)"
-            return (
-                f"NOT COMPARED: {nodes} checked, no findings; {_too_few(self.comparisons)}"
-                f"{accepted}"
-            )
+            return f"NOT COMPARED: {linted}, no findings; {_too_few(self.comparisons)}{accepted}"
         parts = [_count(len(self.findings), "finding")] if self.findings else []
         parts += [f"{c.source} {_SUMMARY.get(c.status, c.status)}" for c in failing]
         return "FAILED: " + ", ".join(parts)
 
+    def _linted(self) -> str:
+        """What the lint checked, for the summary: the Scan and Loop nodes, else the If nodes."""
+        if self.nodes:
+            return f"{_count(len(self.nodes), 'Scan/Loop node')} checked"
+        ifs = sum(1 for n in self.other_nodes if n.op.startswith("If-"))
+        if ifs:
+            return f"{_count(ifs, 'If node')} checked"
+        return "no Scan, Loop or If node to lint"
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield Text(f"torchscan check: {self.model} (opset {self.opset})", style="bold")
-        yield _nodes_table(self)
+        if self.nodes:
+            yield _nodes_table(self)
+        if self.other_nodes:
+            yield _nodes_table(self, others=True)
         if self.findings:
             yield _findings_table(self.findings)
         if self.comparisons:
             yield _comparisons_table(self)
         for c in self.comparisons:
-            if c.status in (UNSUPPORTED, ERROR, TIMEOUT):
+            if c.status in (UNSUPPORTED, COULD_NOT_RUN, ERROR, TIMEOUT):
                 yield Text(f"{c.source}: {_status_text(c.status, c.reason)}")
         for note in self.notes:
             yield Text(f"note: {note}", style="dim")
@@ -297,17 +337,26 @@ def _format_error(x: float | None) -> str:
     return "inf" if math.isinf(x) else f"{x:.3g}"
 
 
-def _nodes_table(report: CheckReport) -> Table:
+def _nodes_table(report: CheckReport, others: bool = False) -> Table:
+    """The Scan and Loop nodes linted, or (``others``) the If and recurrent nodes, with their
+    lint's findings."""
     counts: dict[str, int] = {}
     for finding in report.findings:
         counts[finding.node] = counts.get(finding.node, 0) + 1
-    nodes = Table(title="Scan and Loop nodes", title_justify="left")
+    title = "If and recurrent nodes" if others else "Scan and Loop nodes"
+    nodes = Table(title=title, title_justify="left")
     nodes.add_column("node")
     nodes.add_column("version")
     nodes.add_column("lint")
-    for checked in report.nodes:
+    for checked in report.other_nodes if others else report.nodes:
         found = counts.get(checked.node, 0)
-        nodes.add_row(checked.node, checked.op, _count(found, "finding") if found else "ok")
+        if others and not checked.op.startswith("If"):
+            lint = "no rules (outputs compared)"
+        elif others and " " in checked.op:  # no version in force: not linted
+            lint = "not checked"
+        else:
+            lint = _count(found, "finding") if found else "ok"
+        nodes.add_row(checked.node, checked.op, lint)
     return nodes
 
 
@@ -355,5 +404,5 @@ _SUMMARY = {TIMEOUT: "timed out"}
 def _status_text(status: str, reason: str) -> str:
     if status == TIMEOUT:  # the reason says it whole: "timed out after 60 s"
         return reason or "timed out"
-    label = {UNSUPPORTED: UNSUPPORTED_TEXT}.get(status, status)
+    label = {UNSUPPORTED: UNSUPPORTED_TEXT}.get(status, status)  # "could not run" as it is
     return f"{label}: {reason}" if reason else label

@@ -1,9 +1,9 @@
 """The runtimes ``check`` runs a model in: onnxruntime's CPU provider, at its default graph
 optimization level and with the optimizations off (:mod:`torchscan.onnx._check._ort`); onnx's
-reference evaluator with a ``Loop``, a ``Scan``, a ``ReduceLogSumExp`` and a ``GatherElements``
-that follow the specification (:func:`reference_ops`); the model imported into PyTorch by
-``torchscan.onnx.to_torch`` (``"torch"``); and the user's eager PyTorch module. A runtime that does
-not run a model raises :class:`_Unsupported`, which is not a failure. onnxruntime runs in this
+reference evaluator with a ``Loop``, a ``Scan``, a ``ReduceLogSumExp``, a ``GatherElements`` and a
+``Pad`` that follow the specification (:func:`reference_ops`); the model imported into PyTorch by
+``torchscan.onnx.to_torch`` (``"imported"``); and the user's eager PyTorch module. A runtime that
+does not run a model raises :class:`_Unsupported`, which is not a failure. onnxruntime runs in this
 process, except where a crash is plausible: on inputs with an empty dimension (onnxruntime 1.32
 ends the process with SIGFPE on some zero-length scans) and on models the lint found fault with.
 There it runs in a child process, whose death is reported as an error. Under a time limit
@@ -34,15 +34,17 @@ from torchscan.onnx._check._ort import run_onnxruntime
 from torchscan.onnx._check._reference_ops import (
     gather_elements,
     log_sum_exp,
+    pad,
     scatter,
     spec_loop,
     spec_scan,
 )
 
-RUNTIMES = ("onnxruntime", "reference", "torch")
+RUNTIMES = ("onnxruntime", "reference", "imported")
 """The ONNX runtimes ``check`` can run: onnxruntime's CPU provider,
 ``onnx.reference.ReferenceEvaluator``, and the model imported by ``torchscan.onnx.to_torch``
-run in eager PyTorch."""
+run in eager PyTorch (``"imported"``: it reads the ONNX model, as the others do, and is no
+PyTorch baseline; that is the user's module, ``"pytorch"``)."""
 
 
 class _Unsupported(Exception):
@@ -77,15 +79,16 @@ def _run_reference(
 def reference_ops() -> list[type]:
     """The operators ``check`` gives onnx's reference evaluator in place of its own, which depart
     from the specification in onnx 1.23: ``Loop``, ``Scan`` (every axis, direction and version,
-    Scan-8 included), ``ReduceLogSumExp`` and ``GatherElements``, and ``Scatter``, which it
-    lacks (:mod:`torchscan.onnx._check._reference_ops`). Bodies get them too."""
-    return [spec_loop(), spec_scan(), log_sum_exp(), gather_elements(), scatter()]
+    Scan-8 included), ``ReduceLogSumExp``, ``GatherElements`` and ``Pad`` (negative pads), and
+    ``Scatter``, which it lacks (:mod:`torchscan.onnx._check._reference_ops`). Bodies get them
+    too."""
+    return [spec_loop(), spec_scan(), log_sum_exp(), gather_elements(), pad(), scatter()]
 
 
 # torchscan.onnx.to_torch ------------------------------------------------------------------------
 
 
-def _run_torch(
+def _run_imported(
     model: LoadedModel, feeds: dict[str, Any], _isolate: bool, _limit: Limit | None = None
 ) -> list[Any]:
     """The model's outputs computed by the module ``torchscan.onnx.to_torch`` makes of it, on
@@ -242,14 +245,14 @@ _RUNNERS: dict[str, Callable[[LoadedModel, dict[str, Any], bool, Limit | None], 
     "onnxruntime": _onnxruntime_at("default"),
     "onnxruntime-unoptimized": _onnxruntime_at("unoptimized"),
     "reference": _run_reference,
-    "torch": _run_torch,
+    "imported": _run_imported,
 }
 """Every source of outputs a runtime gives, by its name in reports."""
 
 SOURCES = {
     "onnxruntime": ("onnxruntime", "onnxruntime-unoptimized"),
     "reference": ("reference",),
-    "torch": ("torch",),
+    "imported": ("imported",),
 }
 """The sources each of :data:`RUNTIMES` gives: onnxruntime runs the model at its default graph
 optimization level, as users run it, and with the optimizations off; the two are one runtime

@@ -38,14 +38,14 @@ declare them, one module for each family of operators, each operator in one clas
 Flatten, Concat, Split, Reshape, Shape, DepthToSpace, Slice, Pad), ``_ops_tensor`` (Constant,
 ConstantOfShape, CastLike), ``_ops_gather`` (Gather, Scatter, ScatterElements, OneHot, Compress,
 GatherElements, GatherND, ScatterND, Where), ``_ops_math`` (Equal, Less, Greater, IsInf, Min,
-Max, Clip, Mod, Pow, Gemm), ``_ops_nn`` (Conv, ConvTranspose, the pools, BatchNormalization, GRU,
-LSTM, RNN, Dropout, Softmax, LogSoftmax, Hardmax, Resize, Upsample), ``_ops_control`` (If, Loop,
-Scan, Range, CumSum) and ``_ops_einsum`` (Einsum); ``_helpers`` the rewrites that several
-operators' classes share (onnx's own adapter, axes counted from the front, attributes added with
-a neutral default, inputs that were attributes); ``_blocks`` the building blocks adapters of
-several families compose (int64 lengths, strides and indices computed when the model runs,
-``Range`` as a ``Loop``); ``_converter`` the walk and the generic rules; this module the steps
-on the whole model.
+Max, Clip, Mod, Pow, Gemm, Trilu), ``_ops_nn`` (Conv, ConvTranspose, the pools,
+BatchNormalization, GRU, LSTM, RNN, Dropout, Softmax, LogSoftmax, Hardmax, Resize, Upsample),
+``_ops_control`` (If, Loop, Scan, Range, CumSum) and ``_ops_einsum`` (Einsum); ``_helpers`` the
+rewrites that several operators' classes share (onnx's own adapter, axes counted from the front,
+attributes added with a neutral default, inputs that were attributes); ``_blocks`` the building
+blocks adapters of several families compose (int64 lengths, strides and indices computed when
+the model runs, ``Range`` as a ``Loop``); ``_converter`` the walk and the generic rules; this
+module the steps on the whole model.
 """
 
 from __future__ import annotations

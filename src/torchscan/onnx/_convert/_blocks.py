@@ -137,15 +137,19 @@ def vector(b: Builder, values: Sequence[Int]) -> ir.Value:
 
 
 def arange(b: Builder, node: ir.Node, boundary: int, length: Int) -> ir.Value:
-    """``0, 1, ..., length - 1`` in int64: a constant where ``length`` is known; else, from opset
-    9 on, the indices of the elements of a tensor of ``length`` ones (``NonZero`` lists them in
-    order), and at opset 8 a ``Loop`` (``range_by_loop``)."""
+    """``0, 1, ..., length - 1`` in int64: a constant where ``length`` is known; else a ``Range``
+    where the target has it (opset 11 on); else, from opset 9 on, the indices of the elements of a
+    tensor of ``length`` ones (``NonZero`` lists them in order), and at opset 8 a ``Loop``
+    (``range_by_loop``)."""
     if isinstance(length, int):
         return b.const(np.arange(length, dtype=np.int64), "positions")
     key = ("arange", length)
     if key in b.made:
         return b.made[key]
-    if b.ctx.target >= 9:
+    if b.ctx.target_has("Range"):
+        zero, step = b.const(np.int64(0), "start"), b.const(np.int64(1), "delta")
+        positions = b.op("Range", [zero, length, step], _INT64, [None])
+    elif b.ctx.target_has("NonZero"):
         one = b.const(np.array([1], np.int64), "one_element")
         shape = b.op("Reshape", [length, one], _INT64, [1])
         ones = b.op("ConstantOfShape", [shape], _BOOL, [None], value=np.ones(1, np.bool_))

@@ -23,7 +23,7 @@ import onnx.version_converter
 import onnx_ir as ir
 
 from torchscan._errors import ExportError
-from torchscan.onnx import _ir
+from torchscan.onnx import _ir, _schema_diff
 
 
 class OpsetConversionError(ExportError):
@@ -229,6 +229,10 @@ class Context:
         self.names = _ir.Names.of(model.graph)
         self._constants: dict[ir.Value, np.ndarray | None] = {}
         self._replacing: dict[ir.Value, ir.Value] = {}
+
+    def target_has(self, op: str) -> bool:
+        """Whether the target opset has the default-domain operator ``op``."""
+        return _schema_diff.since_in_force(op, self.target) is not None
 
     # -- names, types and constants --------------------------------------------------------------
 

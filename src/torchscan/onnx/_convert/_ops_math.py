@@ -1,5 +1,5 @@
 """Adapters for arithmetic, comparisons and selections: Equal, Less and Greater, IsInf, Min, Max
-and Clip, Mod, Pow and Gemm, computed exactly with what older opsets have.
+and Clip, Mod, Pow, Gemm and Trilu, computed exactly with what older opsets have.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from torchscan.onnx._convert._blocks import arange, lengths_of
 from torchscan.onnx._convert._context import (
     FLOATS,
     VALUE_PRESERVING,
@@ -18,6 +19,7 @@ from torchscan.onnx._convert._context import (
     attribute,
     clear_attributes,
     exactly,
+    given,
     np_dtype,
     present_inputs,
     required,
@@ -28,7 +30,7 @@ from torchscan.onnx._convert._context import (
 )
 from torchscan.onnx._convert._registry import adapters
 
-_BOOL, _DOUBLE = ir.DataType.BOOL, ir.DataType.DOUBLE
+_BOOL, _DOUBLE, _INT64 = ir.DataType.BOOL, ir.DataType.DOUBLE, ir.DataType.INT64
 
 
 @adapters("Equal")
@@ -428,3 +430,86 @@ class Gemm:
         node.resize_inputs(3)
         node.replace_input_with(2, ctx.add_const(np.array(zero, np_dtype(elem)), "C"))
         return [node]
+
+
+@adapters("Trilu")
+class Trilu:
+    """Trilu, which opset 14 introduced."""
+
+    @staticmethod
+    def version_14(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+        """Trilu does not exist before opset 14. In the last two axes it keeps the element of row
+        ``i`` and column ``j`` where ``j - i >= k`` (``upper=1``) or ``j - i <= k`` (``upper=0``),
+        ``k`` 0 where it is omitted, and sets the others to zero: ``Where(j - i < k, 0, x)``, or
+        ``Where(j - i > k, 0, x)``, broadcast over the leading axes. The offsets ``j - i`` are a
+        constant where both lengths are known (and so is the mask where ``k`` is a constant too),
+        else computed in int64 from ``arange`` of each length read when the model runs
+        (``_blocks``); they are compared with ``k`` in int64, which Less and Greater take from
+        opset 9 on (at opset 8, ``LessGreater`` compares them exactly). No arithmetic touches the
+        data: every kept value, NaN, infinities and -0.0 included, comes out as it went in.
+        Booleans are ``And``-ed with the negated mask instead, which every opset has.
+
+        Where exists from opset 9 on; below, it is computed by selection for a static shape only
+        (``_ops_gather.Where``), so a Trilu of dynamic shape is refused there. Strings have no zero
+        to set."""
+        x = required(node, 0)
+        elem = ctx.elem_type(x)
+        if elem is None:
+            raise ctx.refuse(node, boundary, "the type of its input is unknown")
+        if elem == ir.DataType.STRING:
+            raise ctx.refuse(
+                node, boundary, "its elements are strings, which have no zero to set the elements "
+                "outside the triangle to"
+            )  # fmt: skip
+        rank = ctx.require_rank(node, boundary, x)
+        if elem != _BOOL and not ctx.target_has("Where") and static_shape(ctx.shape(x)) is None:
+            raise ctx.refuse(
+                node, boundary, "below opset 9 it is computed by selection without Where, which "
+                f"needs a static shape, and the shape of its input '{x.name}' is not known before "
+                "run time (export at opset 9 or newer, or with static shapes in the step)"
+            )  # fmt: skip
+        b = Builder(ctx)
+        offsets = _diagonal_offsets(b, node, boundary, x, rank)
+        diagonal = given(node, 1)
+        if diagonal is None:
+            diagonal = b.const(np.int64(0), "k")
+        compare = "Less" if attribute(node, "upper", 1) else "Greater"
+        outside = _compared(b, compare, offsets, diagonal)
+        if elem == _BOOL:
+            known = ctx.const(outside)
+            inside = (
+                b.const(~known, "inside")
+                if known is not None
+                else b.op("Not", [outside], _BOOL, ctx.shape(outside))
+            )
+            b.op("And", [inside, x], None, output=node.outputs[0])
+        else:
+            zero = b.const(np.zeros((), np_dtype(elem)), "zero")
+            b.op("Where", [outside, zero, x], None, output=node.outputs[0])
+        return b.nodes
+
+
+def _diagonal_offsets(b: Builder, node: ir.Node, boundary: int, x: ir.Value, rank: int) -> ir.Value:
+    """``j - i`` in int64 for each row ``i`` and column ``j`` of the last two axes of ``x``: a
+    constant where both lengths are known."""
+    rows, columns = lengths_of(b, x).of([rank - 2, rank - 1])
+    if isinstance(rows, int) and isinstance(columns, int):
+        indices = np.arange(max(rows, columns), dtype=np.int64)
+        return b.const(indices[None, :columns] - indices[:rows, None], "offsets")
+    if isinstance(rows, int):
+        row_indices = b.const(np.arange(rows, dtype=np.int64).reshape(rows, 1), "rows")
+    else:
+        column = b.const(np.array([-1, 1], np.int64), "column")
+        positions = arange(b, node, boundary, rows)
+        row_indices = b.op("Reshape", [positions, column], _INT64, [None, 1])
+    column_indices = arange(b, node, boundary, columns)
+    shape = [d if isinstance(d, int) else None for d in (rows, columns)]
+    return b.op("Sub", [column_indices, row_indices], _INT64, shape)
+
+
+def _compared(b: Builder, compare: str, a: ir.Value, c: ir.Value) -> ir.Value:
+    """``Less`` or ``Greater`` of ``a`` and ``c``: a constant where both are."""
+    known_a, known_c = b.ctx.const(a), b.ctx.const(c)
+    if known_a is not None and known_c is not None:
+        return b.const(known_a < known_c if compare == "Less" else known_a > known_c, "mask")
+    return b.op(compare, [a, c], _BOOL, b.ctx.shape(a))

@@ -144,9 +144,88 @@ implements("Sum", 8, 13)(_variadic(torch.add))
 implements("Mean", 8, 13)(_variadic(torch.add, mean=True))
 
 
+FUSED_INNER = 16
+"""The largest inner dimension ``K`` of a float32 ``MatMul`` (and ``Gemm``) that the module
+computes as onnxruntime and numpy do (:func:`fused_matmul`)."""
+
+
 @implements("MatMul", 1, 9, 13)
 def matmul(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.matmul(a, b)
+    return _matmul(a, b)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``numpy.matmul(a, b)``, the specification's product. A float32 product of an inner
+    dimension of at most :data:`FUSED_INNER` is computed as onnxruntime's CPU kernel and numpy
+    compute it (:func:`fused_matmul`), where torch's CPU kernel for small matrices rounds each
+    term before adding it: one unit in the last place per element, which a computation that
+    cancels (the determinant of a 2x2 covariance, ``a * d - b * c``) makes much larger. While
+    torch.compile or torch.export trace the module, and for the gradients, it is
+    ``torch.matmul``, so that a module exported again holds a ``MatMul``."""
+    if torch.compiler.is_compiling() or not _fused(a, b):  # traced: no guard on the sizes
+        return torch.matmul(a, b)
+    with torch.no_grad():
+        exact = fused_matmul(a, b)
+    if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return exact
+    product = torch.matmul(a, b)
+    # the values of ``exact``, the gradients of ``product``
+    zero = product - product.detach()
+    return exact + torch.where(torch.isfinite(product.detach()), zero, torch.zeros_like(zero))
+
+
+def _fused(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether onnxruntime computes ``a @ b`` as :func:`fused_matmul` does: float32, an inner
+    dimension from 1 to :data:`FUSED_INNER`, and a product of matrices of at least 2 rows
+    (a batch of the left operand counts as rows where the right one is one matrix, as
+    onnxruntime folds it so) and at least 2 columns. A product with a single row or column
+    runs in its matrix-vector kernel, whose terms are rounded before they are added, as torch
+    does for small sizes."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32 or a.dim() < 2 or b.dim() < 2:
+        return False
+    if a.device.type != "cpu" or not 1 <= a.shape[-1] <= FUSED_INNER:
+        return False
+    rows = a.shape[:-1].numel() if b.dim() == 2 else a.shape[-2]
+    return rows >= 2 and b.shape[-1] >= 2
+
+
+def fused_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of float32 tensors (numpy's broadcasting, 1-D operands included) with each
+    element a chain of fused multiply-adds, ``c = fma(a[i, k], b[k, j], c)`` for ``k`` from 0
+    up, from ``c = 0``: one rounding per term, of the exact ``c + a * b``. That is what
+    onnxruntime's CPU MatMul (MLAS) and numpy's matmul (onnx's reference evaluator) compute for
+    small matrices. Each product is exact in float64; the sum is rounded to float64 to odd
+    (:func:`_add_to_odd`), which makes its rounding to float32 the one rounding of a fused
+    multiply-add."""
+    left = a.unsqueeze(0) if a.dim() == 1 else a
+    right = b.unsqueeze(-1) if b.dim() == 1 else b
+    left64, right64 = left.double(), right.double()
+    total: torch.Tensor | None = None
+    for k in range(left.shape[-1]):
+        term = left64[..., :, k : k + 1] * right64[..., k : k + 1, :]
+        # c = 0 + a * b: a zero product is +0, as in a sum that starts at 0
+        total = term.float() + 0.0 if total is None else _add_to_odd(total.double(), term).float()
+    assert total is not None  # the inner dimension is at least 1
+    if a.dim() == 1:
+        total = total.squeeze(-2)
+    if b.dim() == 1:
+        total = total.squeeze(-1)
+    return total
+
+
+def _add_to_odd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x + y`` of float64 tensors rounded to odd: the nearest float64 where the sum is one,
+    else of the two float64 around it the one whose last bit is 1. A float32 rounding of it is
+    the float32 rounding of the exact sum, as float64 has at least 24 + 2 bits: a float64 that
+    is exactly halfway between two float32 is so only where the sum is."""
+    total = x + y
+    # the rounding error of the sum, exactly (Knuth's TwoSum)
+    y_part = total - x
+    error = (x - (total - y_part)) + (y - y_part)
+    even = (total.view(torch.int64) & 1) == 0
+    inexact = (error != 0) & even & torch.isfinite(total)
+    toward = torch.where(error > 0, math.inf, -math.inf).to(total.dtype)
+    return torch.where(inexact, torch.nextafter(total, toward), total)
 
 
 @implements("Gemm", 7, 9, 11, 13)
@@ -154,7 +233,7 @@ def gemm(call: Call, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = 
     a = a.t() if call.attribute("transA", 0) else a
     b = b.t() if call.attribute("transB", 0) else b
     alpha, beta = call.attribute("alpha", 1.0), call.attribute("beta", 1.0)
-    product = torch.matmul(a, b)
+    product = _matmul(a, b)
     if alpha != 1.0:
         product = product * alpha
     if c is None:

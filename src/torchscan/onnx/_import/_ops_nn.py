@@ -369,7 +369,9 @@ def _pad(
     value: Any,
 ) -> torch.Tensor:
     """Pad (or, where negative, cut) ``x`` along ``axes``: every output position reads the
-    input position that ``mode`` maps it to (and ``constant`` writes ``value`` outside)."""
+    input position that ``mode`` maps it to (and ``constant`` writes ``value`` outside). A
+    negative pad removes its elements first, and the others pad what is left, as onnxruntime
+    does: ``wrap`` wraps around, ``reflect`` and ``edge`` read, the elements that are kept."""
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise call.refuse(f"mode {mode!r}")
     count = len(axes)
@@ -379,12 +381,13 @@ def _pad(
         if not begin and not end:
             continue
         axis %= x.dim()
-        size = x.shape[axis]
-        length = size + begin + end
-        if length < 0:
+        first = max(-begin, 0)  # the first element kept
+        size = x.shape[axis] - first - max(-end, 0)  # the elements kept
+        length = size + max(begin, 0) + max(end, 0)
+        if size < 0:
             raise call.refuse(f"pads {pads} cut more than axis {axis} holds")
-        source = torch.arange(length, device=x.device) - begin
-        if mode != "constant" and size == 0:
+        source = torch.arange(length, device=x.device) - max(begin, 0)
+        if mode != "constant" and size == 0 and length:
             raise call.refuse(f"mode {mode!r} on the empty axis {axis}")
         inside = (source >= 0) & (source < size)
         if mode == "edge":
@@ -400,6 +403,7 @@ def _pad(
                 source = torch.where(source < size, source, period - source)
         else:
             source = source.clamp(0, max(size - 1, 0))
+        source = source + first
         if size == 0:  # constant padding of an empty axis: only the value
             shape = list(x.shape)
             shape[axis] = length
