@@ -27,7 +27,7 @@ from ._roundtrip import (
     pair_ids,
     reexported_sample,
 )
-from ._runtimes import assert_outputs_close, eager_outputs, nodes, run_onnxruntime
+from ._runtimes import assert_outputs_close, eager_outputs, nodes, run_onnxruntime, run_reference
 
 NAMES = list(CASES)
 PAIRS = opset_pairs(NAMES)
@@ -179,3 +179,36 @@ def test_steps_torch_onnx_translates_export(model) -> None:
         assert_outputs_close(
             run_onnxruntime(program, inputs), eager_outputs(eager, inputs), program
         )
+
+
+class ViewOfXReshapedInPlace(torch.nn.Module):
+    """xLSTM's ``q.squeeze_(2).unsqueeze(-1)`` on a view of the step's own slice of xs: no
+    argument changes (kept out of the shared models, whose gradients are taken with respect to
+    leaves, where torch refuses this idiom in the Python loop too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, xs, h):
+        def step(c, x):
+            q = x.unsqueeze(2)
+            q = q.squeeze_(2).unsqueeze(-1)
+            c = torch.tanh(self.proj(c) + q.squeeze(-1))
+            return c, q.sum(-1)
+
+        return torchscan.scan(step, h, xs)
+
+
+@pytest.mark.parametrize("opset", [8, 18, 25])
+def test_a_view_of_x_reshaped_in_place_exports_with_the_python_loops_results(opset: int) -> None:
+    model = ViewOfXReshapedInPlace().eval()
+    args = (torch.randn(3, 2, 4), torch.randn(2, 4))
+    dynamic = ({0: torch.export.Dim("T")}, None)
+    exported = onnx_export(model, args, opset_version=opset, dynamic_shapes=dynamic).model_proto
+    assert [node.op_type for node, _ in nodes(exported.graph)].count("Scan") == 1
+    inputs = (torch.randn(7, 2, 4), torch.randn(2, 4))  # another length than the exported one
+    want = eager_outputs(model, inputs)
+    assert_outputs_close(run_onnxruntime(exported, inputs), want, exported)
+    if opset > 8:  # onnx's reference evaluator does not run Scan-8
+        assert_outputs_close(run_reference(exported, inputs), want, exported)
