@@ -184,3 +184,19 @@ def test_random_work_on_x_alone_leaves_the_loop_with_the_loops_gradients(
     want = scan_loop(step, h, xs, reverse=reverse)
     torch.testing.assert_close(got, want)
     assert_gradients_equal(got, want, [h, xs, *step.parameters()])
+
+
+def test_work_on_x_that_nothing_reads_leaves_the_loop_with_a_sequence():
+    """The step computes a value of x that nothing reads, beside a carry update that reads
+    none of x: the dead work is dropped before the step is split, and the loop operator keeps
+    the sequence it needs (torch's scan refuses one of no sequence)."""
+
+    def step(c, x):
+        unused = c / (1 + x.abs())  # noqa: F841  (read by nothing, as in a step being written)
+        c = torch.tanh(0.5 * c + 1)
+        return c, c * 2
+
+    xs, h = randn(5, 3), randn(3)
+    with torch.no_grad():
+        got = torch.compile(lambda h, xs: torchscan.scan(step, h, xs))(h, xs)
+    torch.testing.assert_close(got, scan_loop(step, h, xs))

@@ -847,3 +847,21 @@ def test_until_of_a_python_bool_is_refused_as_the_python_loop_refuses_it():
             "torchscan.scan: until(stop) needs stop to be a 0-d bool tensor, but fn returned a "
             "bool in step 0."
         )
+
+
+def test_a_carry_of_integer_and_bool_scalars_is_hoisted():
+    """A 0-d integer or bool carry (a counter, a done flag) is made a fake tensor to trace the
+    step, whose metadata torch reads then (is_inference): no value of a captured tensor is
+    read, and the step is hoisted, with the Python loop's results."""
+
+    def step(carry, x):
+        h, count, done = carry
+        h = torch.tanh(h + x)
+        done = done | (h.sum() > 1)
+        return (h, count + 1, done), torch.where(done, h, -h)
+
+    xs = torch.randn(T, B, H)
+    init = (torch.zeros(B, H), torch.tensor(0), torch.tensor(False))
+    (carry, ys), what, reason = run_until_traced(step, init, xs)
+    assert what == "hoisted", reason
+    close((carry, ys), scan_loop(step, init, xs))

@@ -146,12 +146,17 @@ def _hoist_scan(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     n_carry, n_x = len(init), len(xs)
     if len(placeholders) != n_carry + n_x + len(fixed) or n_x == 0:
         return False
+    if not all(_pure(n) for n in body.graph.nodes):
+        return False
+    # what the step computes and nothing reads (TorchDynamo keeps it) leaves first: a value of
+    # the sequences read only there would leave the loop with no sequence, which torch's scan
+    # refuses
+    if body.graph.eliminate_dead_code():
+        body.recompile()
     klass: dict[torch.fx.Node, int] = {}
     for i, p in enumerate(placeholders):
         klass[p] = _CARRY if i < n_carry else _SEQUENCE if i < n_carry + n_x else _CONSTANT
     for n in body.graph.nodes:
-        if not _pure(n):
-            return False
         if n.op == "call_method" and n.target == "clone":
             klass[n] = _CARRY  # the loop operator's copy of what it returns stays in the loop
         elif n.op in ("call_function", "call_method", "get_attr"):

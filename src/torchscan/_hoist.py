@@ -563,6 +563,10 @@ _TENSOR_OPERANDS = {
     "floor_divide", "remainder", "fmod", "pow", "where", "eq", "ne", "lt", "le", "gt", "ge",
     "maximum", "minimum", "logical_and", "logical_or", "logical_xor", "bitwise_and",
     "bitwise_or", "bitwise_xor", "to", "type_as", "clone", "detach", "neg", "abs",
+    # functions whose every tensor argument is an operand (metadata, is_*, is read alike)
+    "stack", "cat", "concat", "concatenate", "hstack", "vstack", "float", "double", "long",
+    "int", "bool", "half", "sum", "mean", "prod", "amax", "amin", "exp", "log", "sqrt", "sin",
+    "cos", "tanh", "sigmoid", "relu", "matmul", "mm", "bmm", "outer",
     *(f"__{op}__" for op in (
         "add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv",
         "rfloordiv", "mod", "rmod", "pow", "rpow", "and", "rand", "or", "ror", "xor", "rxor",
@@ -708,7 +712,7 @@ class _NoWritesIntoRealTensors(torch.overrides.TorchFunctionMode):
         for target in targets:
             if type(target) in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
                 raise _NotHoistable(f"it writes in place into a captured tensor ({name})")
-        if name not in _TENSOR_OPERANDS:
+        if name not in _TENSOR_OPERANDS and not name.startswith("is_"):  # is_*: metadata
             for value in _pytree.tree_leaves((args, kwargs)):
                 # a 0-d integer tensor that torch may read as an int (an index, a size, a start)
                 if type(value) in _TENSORS and value.ndim == 0 and not value.is_floating_point():

@@ -35,7 +35,9 @@ def test_eager_matches_the_python_loop(fuzz_settings) -> None:
 def test_hoisted_steps_match_the_python_loop(fuzz_settings, monkeypatch) -> None:
     """Every program run until its step is traced (at the third call of its signature), at
     every length, then batched over the steps and unbatched: hoisted wherever the rules let it
-    be, and equal to the oracle either way."""
+    be, and equal to the oracle either way: within rounding batched (a kernel vectorized over
+    every step may round otherwise than on one step, as a product over the whole sequence adds
+    in another order), bit for bit unbatched."""
     monkeypatch.setattr(_hoist, "BATCH_FROM", 1)  # batched over the steps at every length
     outcomes: collections.Counter[str] = collections.Counter()
 
@@ -43,10 +45,10 @@ def test_hoisted_steps_match_the_python_loop(fuzz_settings, monkeypatch) -> None
     @hypothesis.given(program=programs())
     def run(program) -> None:  # the cache is kept from program to program, as a process keeps it
         _hoist.last.what = ""
-        if check_eager(program):
+        if check_eager(program, exact=False):
             RUNS["hoisted"] += 1
             for _ in range(_hoist.TRACE_AT_CALL - 1):
-                check_eager(program)
+                check_eager(program, exact=False)
             if _hoist.last.what:  # it scans: what its last scan did
                 outcomes[_hoist.last.reason or _hoist.last.what] += 1
                 with monkeypatch.context() as patch:
