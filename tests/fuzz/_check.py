@@ -91,12 +91,14 @@ def assert_close(
         )
 
 
-def check_eager(program: Program, exact: bool = True) -> bool:
-    """torchscan against the oracle at every length; False when torchscan refuses. Bit for bit,
-    or (not ``exact``: a hoisted step batched over the steps, whose vectorized kernels may round
+def check_eager(program: Program, exact: bool = True, calls: int = 1) -> bool:
+    """torchscan against the oracle at every length, ``calls`` times over on one module (as a
+    process calls its model again and again); False when torchscan refuses. Bit for bit, or (not
+    ``exact``: a hoisted step batched over the steps, whose vectorized kernels may round
     otherwise than on one step) floating values within rounding."""
     eager, oracle = program.module(TORCHSCAN), program.module(_oracle.NAMESPACE)
-    for length in program.lengths if program.dynamic else program.lengths[:1]:
+    lengths = program.lengths if program.dynamic else program.lengths[:1]
+    for length in [n for _ in range(calls) for n in lengths]:
         inputs = program.inputs_at(length)
         try:
             with torch.no_grad():
