@@ -21,10 +21,10 @@ from onnx import helper as oh
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# Options whose runs are made in a process of their own: --module imports the user's module (and
-# puts the folder on sys.path), --timeout stops runs with signals and threads, --version is what
-# ``python -m torchscan`` answers from its entry point.
-OWN_PROCESS = ("--module", "--timeout", "--version")
+# Options whose runs are made in a process of their own: --timeout stops runs with signals and
+# threads, --version is what ``python -m torchscan`` answers from its entry point. (--module
+# imports the user's module and puts the folder on sys.path: both are undone after the run.)
+OWN_PROCESS = ("--timeout", "--version")
 
 
 def torchscan(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -43,6 +43,7 @@ def torchscan(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.
     from torchscan._cli import main
 
     out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    path, modules = list(sys.path), set(sys.modules)
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -52,6 +53,12 @@ def torchscan(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.
                 code = exit.code if isinstance(exit.code, int) else 2
     finally:
         os.chdir(before)
+        sys.path[:] = path
+        folder = Path(cwd).resolve()
+        for name in set(sys.modules) - modules:  # the user's modules (--module), imported anew
+            file = getattr(sys.modules[name], "__file__", None)
+            if file and Path(file).resolve().is_relative_to(folder):
+                del sys.modules[name]
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 

@@ -5,6 +5,7 @@ loop's results and gradients, at lengths 0, 1, 6 (hoisted, unbatched) and 40 (ba
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 
@@ -95,9 +96,15 @@ def hoisted_now(fn, init, xs):
     return torchscan.scan(fn, init, xs, hoist=True)  # or warns, and runs the Python loop
 
 
+@functools.cache
+def _compiled(fn):
+    """One compiled function per idiom, called at every length (recompiled where needed), as a
+    model's compiled forward is."""
+    return torch.compile(lambda i, x: torchscan.scan(fn, i, x), backend="aot_eager")
+
+
 def compiled(fn, init, xs):
-    torch._dynamo.reset()
-    return torch.compile(lambda i, x: torchscan.scan(fn, i, x), backend="aot_eager")(init, xs)
+    return _compiled(fn)(init, xs)
 
 
 def exported(fn, init, xs):

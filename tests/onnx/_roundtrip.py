@@ -41,9 +41,10 @@ def opset_pairs(
 ) -> list[tuple[str, int]]:
     """The ``(case, opset)`` points the export tests run: every one of ``opsets`` (default
     :data:`OPSETS`) for every case with ``TORCHSCAN_TEST_ALL_OPSETS=1``; else for each case the
-    oldest opset, 18 (what torch.onnx builds, converted by nothing) and the newest, and for every
-    other case one more in turn, so that every opset is exported by some cases (of a suite of 18
-    cases or more) and every case at its extremes.
+    oldest opset (where the most is converted: Scan-8's batch axis) and 18 (what torch.onnx
+    builds, converted by nothing), and for every other case one more in turn, the newest first
+    and then from both ends inwards (25, 9, 24, 11, ...), so that every suite exports the
+    newest opset and a suite of 20 cases or more every opset.
     With ``per_case``, each case gets that many of ``opsets`` in turn instead (each opset is
     then exported by a share of the cases)."""
     allowed = sorted(opsets or OPSETS)
@@ -57,8 +58,9 @@ def opset_pairs(
                 {allowed[(index * per_case + k) % len(allowed)] for k in range(per_case)}
             )
         ]
-    fixed = sorted({allowed[0], allowed[-1], *(o for o in allowed if o == 18)})
-    rest = [o for o in allowed if o not in fixed]
+    fixed = sorted({allowed[0], *(o for o in allowed if o == 18)})
+    inner = [o for o in allowed if o not in fixed]
+    rest = [inner[k // 2] if k % 2 else inner[-1 - k // 2] for k in range(len(inner))]
     pairs = []
     for index, name in enumerate(names):
         # every other case one more opset, in turn
