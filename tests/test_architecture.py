@@ -231,7 +231,14 @@ def test_the_layer_rule_finds_an_upward_import() -> None:
     assert _upward_imports({"a": set(), "b": {"a"}}, layers) == ["b (bottom) imports a (top)"]
 
 
-EAGER_LAYERS = ("plan and dispatch", "traced operators", "plan", "eager core", "foundation")
+EAGER_LAYERS = (
+    "loop conversion",
+    "plan and dispatch",
+    "traced operators",
+    "plan",
+    "eager core",
+    "foundation",
+)
 
 
 def test_the_eager_layers_import_neither_onnx_nor_onnxruntime() -> None:

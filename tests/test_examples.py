@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 # Small sizes: these runs show that the scripts work, the figures come from full runs.
 BENCHMARKS = {
+    "autoloop.py": ["--T", "6", "--B", "2", "--H", "4", "--repeats", "1"],
     "bidirectional.py": ["--T", "5", "--B", "3", "--F", "3", "--H", "4", "--repeats", "1"],
     "copies.py": ["--T", "8", "--B", "2", "--H", "2", "--D", "4", "--repeats", "1"],
     "eager_scan.py": ["--T", "8", "--B", "2", "--H", "4", "--repeats", "3"],
@@ -28,6 +29,7 @@ BENCHMARKS = {
 }
 # suite.py prints several tables (--quick: 3 cells, 2 lengths, 1 hidden size, 2 thread settings)
 ROWS = {
+    "autoloop.py": 2 * 2,  # 2 models, 2 modes
     "bidirectional.py": 2 * 3 + 2,  # eager: 2 modes, 3 implementations; onnxruntime: 2 graphs
     "copies.py": 3 * 4,  # 3 modes, 2 loops with and without copies
     "eager_scan.py": 9,

@@ -1,6 +1,10 @@
 """Loops written once in PyTorch that run at eager speed and export to ONNX Scan and Loop."""
 
 from torchscan import _torch_onnx_hook
+from torchscan._autoloop import LoopReport as LoopReport
+from torchscan._autoloop import autoloop as autoloop
+from torchscan._autoloop import autoloop_report as autoloop_report
+from torchscan._autoloop import autoloop_source as autoloop_source
 from torchscan._errors import ExportError as ExportError
 from torchscan._errors import HoistWarning as HoistWarning
 from torchscan._errors import TorchscanError as TorchscanError
@@ -16,11 +20,15 @@ from torchscan._steps import until as until
 __all__ = [
     "ExportError",
     "HoistWarning",
+    "LoopReport",
     "TorchscanError",
     "TorchscanTypeError",
     "TorchscanValueError",
     "TorchscanWarning",
     "Until",
+    "autoloop",
+    "autoloop_report",
+    "autoloop_source",
     "loop",
     "lower_to_torch",
     "scan",

@@ -1,0 +1,204 @@
+"""``torchscan.autoloop``: the ``for`` loops of a function or module, run as scans."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+import torch
+
+from torchscan._autoloop import _rewrite, _runtime
+from torchscan._errors import TorchscanTypeError
+
+__all__ = ["LoopReport", "autoloop", "autoloop_report", "autoloop_source"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_API = _runtime.API
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopReport:
+    """One ``for`` statement that :func:`autoloop` found.
+
+    Attributes:
+        function: the qualified name of the function that holds the loop.
+        filename: the file it is written in.
+        lineno: the line of its ``for``.
+        converted: whether it runs as a scan: before the first run, whether it may; after a
+            run, whether the last run did.
+        reason: why it stays (or last ran as) a Python loop, with the line of the construct and
+            how to rewrite it; empty where it converts.
+    """
+
+    function: str
+    filename: str
+    lineno: int
+    converted: bool
+    reason: str
+
+
+@overload
+def autoloop(obj: F, *, strict: bool = False) -> F: ...
+@overload
+def autoloop(obj: None = None, *, strict: bool = False) -> Callable[[F], F]: ...
+
+
+def autoloop(obj: Any = None, *, strict: bool = False) -> Any:
+    """Run the ``for`` loops of a function or module that step along a tensor's axis as
+    :func:`torchscan.scan`, so that the model keeps its code and exports with a dynamic length.
+
+    What a converted loop computes is given by the loop itself::
+
+        outs = []
+        for t in range(x.shape[0]):         # or: for x_t in x, in x.unbind(1), enumerate, zip
+            h = torch.tanh(x[t] @ w + h @ u)
+            outs.append(h)
+        ys = torch.stack(outs)
+
+    becomes, in effect::
+
+        def step(h, t):
+            h = torch.tanh(x[t] @ w + h @ u)
+            return h, h
+        h, ys = torchscan.scan(step, h, torch.arange(x.shape[0]))
+
+    The names the body assigns and reads before assigning them, or that are read after the
+    loop, are its carry; the lists it appends one value to at every step (``outs.append(y)``
+    or ``outs += [y]``, on a list made empty before the loop) are its outputs, stacked by the
+    scan, and ``torch.stack``, ``torch.cat``, ``reversed`` and ``list`` of them after the loop
+    use the stacked outputs as they are.
+
+    Unlike rewriting the loop by hand, nothing about the loop changes where it does not step
+    along a tensor's axis: which loops run as scans is decided at every run from the values
+    the loop is given, as TensorFlow's AutoGraph decides. A ``range`` whose bounds come from a
+    tensor's size (``x.shape[0]``, ``x.size(1)``, ``len(x)``, or a name assigned from one)
+    and a tensor's rows (also through ``unbind``, ``enumerate`` and ``zip``) are time axes; a
+    range of Python numbers, an ``nn.ModuleList`` or a list stay Python loops. A loop also runs
+    as Python, with the reason in :func:`autoloop_report`, where a carry is not a tensor (or a
+    pytree of tensors) before it, or where :func:`torchscan.scan` refuses its step; a loop
+    whose body ``break``\\ s, ``continue``\\ s, returns, sets attributes, writes into tensors at
+    an index or changes a carry in place is never converted, since its meaning as a scan could
+    differ. In a run that torch traces (``torch.export``, ``torch.onnx.export``), a converted
+    loop is one loop operator of dynamic length; its lists can then only be stacked or
+    concatenated.
+
+    Args:
+        obj: a function (returns the converted function), a method, or an ``nn.Module``
+            (converts, in place, the methods with ``for`` loops of the module and of its
+            submodules, defined in their classes but not in torch's, and returns the module).
+            Without ``obj``, a decorator.
+        strict: raise a ``TypeError`` for a loop that steps along a tensor's axis and cannot be
+            converted (at conversion where its header shows it, else when it runs), rather than
+            keeping it as Python.
+
+    Returns:
+        The converted function or method, or the module.
+
+    Raises:
+        TypeError: ``obj`` is none of the above, or, with ``strict``, a time loop stays Python.
+    """
+    if obj is None:
+        return lambda f: autoloop(f, strict=strict)
+    if isinstance(obj, torch.nn.Module):
+        _convert_module(obj, strict)
+        return obj
+    if isinstance(obj, types.MethodType):
+        return types.MethodType(_convert_function(obj.__func__, strict), obj.__self__)
+    if isinstance(obj, types.FunctionType):
+        return _convert_function(obj, strict)
+    raise TorchscanTypeError(
+        f"{_API}: expected a function, a method or an nn.Module, got {type(obj).__name__}"
+    )
+
+
+def _convert_function(fn: types.FunctionType, strict: bool) -> Callable[..., Any]:
+    if getattr(fn, "__autoloop_original__", None) is not None:
+        return fn  # converted already
+    try:
+        new, loops, source = _rewrite.convert(fn, strict)
+    except _rewrite.NotConvertible as error:
+        if strict:
+            raise TorchscanTypeError(
+                f"{_API}: {fn.__qualname__} cannot be converted: {error}"
+            ) from None
+        loops, source = [], ""
+        new = fn
+    if new is not fn:
+        new.__autoloop_original__ = fn  # type: ignore[attr-defined]
+        new.__autoloop_source__ = source  # type: ignore[attr-defined]
+        new.__autoloop_loops__ = loops  # type: ignore[attr-defined]
+    return new
+
+
+def _convert_module(module: torch.nn.Module, strict: bool) -> None:
+    for sub in module.modules():
+        for cls in type(sub).__mro__:
+            if cls.__module__.startswith("torch.") or cls is object:
+                continue
+            for name, value in vars(cls).items():
+                if not isinstance(value, types.FunctionType) or name in sub.__dict__:
+                    continue
+                if name.startswith("__") and name.endswith("__") and name != "__call__":
+                    continue
+                if not _has_for(value):
+                    continue
+                converted = _convert_function(value, strict)
+                if converted is not value:
+                    object.__setattr__(sub, name, types.MethodType(converted, sub))
+
+
+def _has_for(fn: types.FunctionType) -> bool:
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return "for " in source
+
+
+def _loops_of(obj: Any) -> list[tuple[Callable[..., Any], list[_runtime.Loop]]]:
+    found = []
+    if isinstance(obj, torch.nn.Module):
+        for sub in obj.modules():
+            for value in vars(sub).values():
+                if isinstance(value, types.MethodType):
+                    loops = getattr(value.__func__, "__autoloop_loops__", None)
+                    if loops is not None:
+                        found.append((value.__func__, loops))
+        return found
+    fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
+    loops = getattr(fn, "__autoloop_loops__", None)
+    if loops is None:
+        raise TorchscanTypeError(
+            f"{_API}_report: {getattr(obj, '__qualname__', type(obj).__name__)} was not "
+            f"converted by {_API} (or has no for loop)"
+        )
+    return [(fn, loops)]
+
+
+def autoloop_report(obj: Any) -> list[LoopReport]:
+    """One row per ``for`` statement that :func:`autoloop` found in ``obj`` (a converted
+    function or method, or a module given to it): where it is, whether it converts (before its
+    first run) or last ran as a scan, and why not.
+
+    Raises:
+        TypeError: ``obj`` is a function that :func:`autoloop` did not convert.
+    """
+    return [
+        LoopReport(loop.function, loop.filename, loop.lineno, *loop.outcome())
+        for _, loops in _loops_of(obj)
+        for loop in loops
+    ]
+
+
+def autoloop_source(obj: Any) -> str:
+    """The source :func:`autoloop` made of a converted function or method (of each converted
+    method of a module, one after the other).
+
+    Raises:
+        TypeError: ``obj`` was not converted.
+    """
+    return "\n\n".join(fn.__autoloop_source__ for fn, _ in _loops_of(obj))  # type: ignore[attr-defined]

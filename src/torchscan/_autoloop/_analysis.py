@@ -1,0 +1,561 @@
+"""What a Python ``for`` loop does with names: which it carries from step to step, which lists
+it appends a value to at every step, and what in it keeps it a Python loop.
+
+A loop's *carries* are the names its body assigns that are read before the body assigns them
+(upward-exposed: the value comes from the step before) or read anywhere in the function outside
+the loop (live after it); names the body assigns and reads only after assigning them are the
+step's own. This over-approximates liveness (a name read before the loop, but not after it, is
+carried too), which costs nothing where the name is bound before the loop and is refused at run
+time where it is not; it never under-approximates, which would drop a value.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+SIZE_FUNCTIONS = frozenset({"len", "numel", "size", "dim"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopForm:
+    """What a ``for`` statement iterates over.
+
+    ``kind`` is ``"range"`` (``range(...)`` or ``reversed(range(...))``, ``reverse`` set for the
+    latter), ``"iterable"`` (anything else: a tensor's rows, ``x.unbind(d)``, ``zip`` and
+    ``enumerate`` of those, decided at run time). ``sized`` says whether a range's bounds are
+    taken from a tensor's size (a time loop) rather than from Python numbers (layers, heads).
+    """
+
+    kind: str
+    reverse: bool = False
+    sized: bool = False
+    lengths: tuple[ast.expr, ...] = ()  # of len(...) in a range's bounds: sized where tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopInfo:
+    """The analysis of one ``for`` statement."""
+
+    node: ast.For
+    form: LoopForm
+    targets: tuple[str, ...]
+    carries: tuple[str, ...]
+    lists: tuple[str, ...]
+    reason: str  # why the loop stays Python ("" where it converts)
+
+
+def names_loaded(nodes: Iterable[ast.AST]) -> set[str]:
+    """Every name read in ``nodes``, also inside nested functions and comprehensions (which read
+    the enclosing function's variables when they run)."""
+    found = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                found.add(sub.id)
+    return found
+
+
+def _stored(target: ast.AST) -> set[str]:
+    """The names an assignment target binds."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_stored(t) for t in target.elts)) if target.elts else set()
+    if isinstance(target, ast.Starred):
+        return _stored(target.value)
+    return set()  # attributes and subscripts bind no name
+
+
+def names_assigned(stmts: Sequence[ast.stmt]) -> set[str]:
+    """Every name the statements bind in their own scope (not inside nested functions or
+    comprehensions, whose names are their own; walrus targets included)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+            return
+        if isinstance(node, (ast.Lambda, *_COMPREHENSIONS)):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.NamedExpr):
+                    found.update(_stored(sub.target))
+            return
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                found.update(_stored(target))
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.NamedExpr)):
+            found.update(_stored(node.target))
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                if item.optional_vars is not None:
+                    found.update(_stored(item.optional_vars))
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            found.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                found.add((alias.asname or alias.name).split(".")[0])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for stmt in stmts:
+        visit(stmt)
+    return found
+
+
+def exposed_reads(stmts: Sequence[ast.stmt], defined: frozenset[str] = frozenset()) -> set[str]:
+    """The names read by ``stmts`` before they are surely assigned in them (in order, a branch
+    assigning a name only where both branches do, a loop's body maybe not at all)."""
+    exposed: set[str] = set()
+    _exposed_block(stmts, set(defined), exposed)
+    return exposed
+
+
+def _exposed_block(stmts: Sequence[ast.stmt], defined: set[str], exposed: set[str]) -> None:
+    for stmt in stmts:
+        _exposed_stmt(stmt, defined, exposed)
+
+
+def _reads(node: ast.AST | None, defined: set[str], exposed: set[str]) -> None:
+    if node is not None:
+        exposed.update(names_loaded([node]) - defined)
+
+
+def _exposed_stmt(stmt: ast.stmt, defined: set[str], exposed: set[str]) -> None:
+    if isinstance(stmt, ast.Assign):
+        _reads(stmt.value, defined, exposed)
+        for target in stmt.targets:
+            _reads(target, defined, exposed)  # (subscripts and attributes read their base)
+            defined.update(_stored(target))
+    elif isinstance(stmt, ast.AugAssign):
+        _reads(stmt.value, defined, exposed)
+        exposed.update(_stored(stmt.target) - defined)  # read, then written
+        _reads(stmt.target, defined, exposed)
+        defined.update(_stored(stmt.target))
+    elif isinstance(stmt, ast.AnnAssign):
+        _reads(stmt.value, defined, exposed)
+        if stmt.value is not None:
+            defined.update(_stored(stmt.target))
+    elif isinstance(stmt, ast.If):
+        _reads(stmt.test, defined, exposed)
+        then, other = set(defined), set(defined)
+        _exposed_block(stmt.body, then, exposed)
+        _exposed_block(stmt.orelse, other, exposed)
+        defined.update(then & other)
+    elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+        _reads(stmt.iter, defined, exposed)
+        inner = set(defined) | _stored(stmt.target)
+        _exposed_block(stmt.body, inner, exposed)
+        _exposed_block(stmt.orelse, set(defined), exposed)
+    elif isinstance(stmt, ast.While):
+        _reads(stmt.test, defined, exposed)
+        _exposed_block(stmt.body, set(defined), exposed)
+        _exposed_block(stmt.orelse, set(defined), exposed)
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        for item in stmt.items:
+            _reads(item.context_expr, defined, exposed)
+            if item.optional_vars is not None:
+                defined.update(_stored(item.optional_vars))
+        _exposed_block(stmt.body, defined, exposed)
+    elif isinstance(stmt, ast.Try):
+        _exposed_block(stmt.body, set(defined), exposed)
+        for handler in stmt.handlers:
+            _exposed_block(handler.body, set(defined), exposed)
+        _exposed_block(stmt.orelse, set(defined), exposed)
+        _exposed_block(stmt.finalbody, set(defined), exposed)
+    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        _reads(stmt, defined, exposed)
+        defined.add(stmt.name)
+    else:
+        _reads(stmt, defined, exposed)
+        defined.update(names_assigned([stmt]))
+
+
+def loop_form(node: ast.For, sized_names: set[str]) -> LoopForm:
+    """How ``node`` iterates: a range (and whether from a tensor's size) or an iterable."""
+    it = _call(node.iter, "reversed")
+    reverse = it is not None and len(it.args) == 1 and _call(it.args[0], "range") is not None
+    it = _call(it.args[0] if reverse and it is not None else node.iter, "range")
+    if it is not None and 1 <= len(it.args) <= 3 and not it.keywords:
+        bounds = it.args[:2] if len(it.args) > 1 else it.args
+        lengths = tuple(
+            call.args[0]
+            for a in bounds
+            for sub in ast.walk(a)
+            if (call := _call(sub, "len")) is not None and len(call.args) == 1
+        )
+        return LoopForm("range", reverse, any(is_sized(a, sized_names) for a in bounds), lengths)
+    return LoopForm("iterable")
+
+
+def _call(node: ast.AST, name: str) -> ast.Call | None:
+    """``node`` where it is a call of the name ``name`` without ``*args``."""
+    return node if _is_call(node, name) else None  # type: ignore[return-value]
+
+
+def _is_call(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == name
+        and not any(isinstance(a, ast.Starred) for a in node.args)
+    )
+
+
+def is_sized(node: ast.AST, sized_names: set[str]) -> bool:
+    """Whether an expression takes a value from a tensor's size: ``x.shape[0]``, ``x.size(1)``,
+    or a name assigned from one of those or from ``len`` (``T = x.size(0)``, ``T, B, _ =
+    x.shape``, ``T = len(x)``); ``len`` in a range's own bounds is judged when the loop runs."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and sub.attr in ("shape", "size"):
+            return True
+        if isinstance(sub, ast.Name) and sub.id in sized_names:
+            return True
+    return False
+
+
+def sized_names(function: ast.FunctionDef) -> set[str]:
+    """The names the function assigns from a tensor's size (to a fixed point: ``n = T - 1``
+    after ``T = x.size(0)``)."""
+    found: set[str] = set()
+    assignments = [n for n in ast.walk(function) if isinstance(n, ast.Assign)]
+    changed = True
+    while changed:
+        changed = False
+        for node in assignments:
+            if is_sized(node.value, found) or any(
+                _is_call(sub, "len") for sub in ast.walk(node.value)
+            ):
+                for target in node.targets:
+                    new = _stored(target) - found
+                    if new:
+                        found |= new
+                        changed = True
+    return found
+
+
+@dataclasses.dataclass
+class _Refusal:
+    line: int
+    what: str
+
+
+def _refusal(body: Sequence[ast.stmt], carries: set[str], free: set[str]) -> _Refusal | None:
+    """The first construct of the loop's body that keeps it a Python loop."""
+    for stmt in body:
+        for node in _walk_own_scope(stmt):
+            line = getattr(node, "lineno", stmt.lineno)
+            if isinstance(node, ast.Break):
+                return _Refusal(line, "`break` leaves the loop early")
+            if isinstance(node, ast.Continue):
+                return _Refusal(line, "`continue` skips the rest of a step")
+            if isinstance(node, ast.Return):
+                return _Refusal(line, "`return` inside the loop")
+            if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
+                return _Refusal(line, "a `yield` or `await` inside the loop")
+            if isinstance(node, (ast.Global, ast.Nonlocal)):
+                return _Refusal(line, f"`{type(node).__name__.lower()}` inside the loop")
+            if isinstance(node, ast.Delete):
+                return _Refusal(line, "`del` inside the loop")
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store):
+                            return _Refusal(
+                                line,
+                                f"it sets the attribute `{ast.unparse(sub)}` (state kept "
+                                "outside the loop's variables)",
+                            )
+                        if isinstance(sub, ast.Subscript) and isinstance(sub.ctx, ast.Store):
+                            return _Refusal(
+                                line,
+                                f"it writes into `{ast.unparse(sub.value)}` at an index "
+                                f"(`{ast.unparse(sub)} = ...`)",
+                            )
+                if isinstance(node, ast.AugAssign):
+                    name = ast.unparse(node.target)
+                    if name in carries:
+                        return _Refusal(
+                            line,
+                            f"`{ast.unparse(node)}` changes the carried `{name}` in place "
+                            f"(where it is a tensor, the one the loop started from too): write "
+                            f"`{name} = {name} {_OPERATORS.get(type(node.op), '+')} ...`",
+                        )
+            if isinstance(node, ast.Call):
+                for keyword in node.keywords:
+                    if keyword.arg == "out":
+                        return _Refusal(line, "an `out=` argument writes into a tensor")
+                func = node.func
+                if (
+                    isinstance(func, ast.Attribute)
+                    and func.attr in _CONTAINER_CHANGES
+                    and isinstance(func.value, ast.Name)
+                    and func.value.id in free
+                ):
+                    return _Refusal(
+                        line,
+                        f"`{ast.unparse(node)}` changes `{func.value.id}`, made outside the "
+                        "loop (only a list made empty just before the loop becomes the scan's "
+                        "outputs)",
+                    )
+                if (
+                    isinstance(func, ast.Attribute)
+                    and func.attr.endswith("_")
+                    and not func.attr.endswith("__")
+                ):
+                    receiver = func.value
+                    if not isinstance(receiver, ast.Name) or receiver.id in carries | free:
+                        return _Refusal(
+                            line,
+                            f"`{ast.unparse(node)}` changes `{ast.unparse(receiver)}` in place",
+                        )
+    return None
+
+
+_CONTAINER_CHANGES = frozenset(
+    {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add",
+     "discard", "popitem", "sort", "reverse"}
+)  # fmt: skip
+
+_OPERATORS = {
+    ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
+    ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^",
+    ast.LShift: "<<", ast.RShift: ">>",
+}  # fmt: skip
+
+
+def _walk_own_scope(node: ast.AST, nested_loop: bool = False) -> Iterable[ast.AST]:
+    """The nodes of ``node`` that run in its scope: not those of nested functions, classes or
+    lambdas; and not the ``break`` and ``continue`` of nested loops, which are theirs."""
+    if nested_loop and isinstance(node, (ast.Break, ast.Continue)):
+        return
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, _SCOPES):
+            continue
+        inner = nested_loop or (
+            isinstance(node, (ast.For, ast.While, ast.AsyncFor)) and isinstance(child, ast.stmt)
+        )
+        yield from _walk_own_scope(child, inner)
+
+
+def appended_lists(body: Sequence[ast.stmt]) -> dict[str, ast.stmt]:
+    """The lists the body appends one value to at every step: ``name.append(value)`` or ``name
+    += [value]`` as a statement of the body itself (not under an ``if``), once per list."""
+    found: dict[str, ast.stmt] = {}
+    twice = set()
+    for stmt in body:
+        name = _appended(stmt)
+        if name is not None:
+            if name in found:
+                twice.add(name)
+            found[name] = stmt
+    return {n: s for n, s in found.items() if n not in twice}
+
+
+def _appended(stmt: ast.stmt) -> str | None:
+    if (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Attribute)
+        and stmt.value.func.attr == "append"
+        and isinstance(stmt.value.func.value, ast.Name)
+        and len(stmt.value.args) == 1
+        and not stmt.value.keywords
+        and not isinstance(stmt.value.args[0], ast.Starred)
+    ):
+        return stmt.value.func.value.id
+    if (
+        isinstance(stmt, ast.AugAssign)
+        and isinstance(stmt.op, ast.Add)
+        and isinstance(stmt.target, ast.Name)
+        and isinstance(stmt.value, ast.List)
+        and len(stmt.value.elts) == 1
+        and not isinstance(stmt.value.elts[0], ast.Starred)
+    ):
+        return stmt.target.id
+    return None
+
+
+def appended_value(stmt: ast.stmt) -> ast.expr:
+    """The value an append statement of :func:`appended_lists` appends."""
+    if isinstance(stmt, ast.Expr):
+        assert isinstance(stmt.value, ast.Call)
+        return stmt.value.args[0]
+    assert isinstance(stmt, ast.AugAssign)
+    assert isinstance(stmt.value, ast.List)
+    return stmt.value.elts[0]
+
+
+def fresh_lists(function: ast.FunctionDef, loop: ast.For, names: Iterable[str]) -> set[str]:
+    """Those of ``names`` that the function binds to an empty list (``name = []`` or
+    ``list()``) before the loop, in the loop's own block or one enclosing it, and reads nowhere
+    between that and the loop: lists no one else holds, whose values the loop alone makes."""
+    found = set()
+    for name in names:
+        binding = _last_binding_before(function.body, loop, name)
+        if binding is not None and _empty_list(binding):
+            found.add(name)
+    return found
+
+
+def _empty_list(node: ast.expr) -> bool:
+    if isinstance(node, ast.List):
+        return not node.elts
+    return _is_call(node, "list") and not node.args and not node.keywords  # type: ignore[union-attr]
+
+
+def _bound_value(stmt: ast.stmt, name: str) -> ast.expr | None:
+    """The value ``stmt`` binds ``name`` to, where it is ``name = value`` or ``a, name = va,
+    value``."""
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return None
+    target, value = stmt.targets[0], stmt.value
+    if isinstance(target, ast.Name):
+        return value if target.id == name else None
+    if (
+        isinstance(target, ast.Tuple)
+        and isinstance(value, (ast.Tuple, ast.List))
+        and len(target.elts) == len(value.elts)
+    ):
+        for t, v in zip(target.elts, value.elts, strict=True):
+            if isinstance(t, ast.Name) and t.id == name:
+                return v
+    return None
+
+
+def _last_binding_before(block: Sequence[ast.stmt], loop: ast.For, name: str) -> ast.expr | None:
+    """The value the statement that binds ``name`` last before ``loop``, in the block holding
+    ``loop`` (or a block enclosing it), binds it to, where nothing between reads or binds
+    ``name``."""
+    binding: ast.expr | None = None
+    for stmt in block:
+        if stmt is loop:
+            return binding
+        inner = _enclosing_block(stmt, loop)
+        if inner is not None:
+            found = _last_binding_before(inner, loop, name)
+            if found is not None:
+                return found
+            # bound before the statement enclosing the loop, and not touched in it before
+            return binding if _untouched_before(inner, loop, name) else None
+        value = _bound_value(stmt, name)
+        if value is not None:
+            binding = value
+        elif name in names_loaded([stmt]) | names_assigned([stmt]):
+            binding = None
+    return None
+
+
+def _enclosing_block(stmt: ast.stmt, loop: ast.For) -> list[ast.stmt] | None:
+    """The block of ``stmt`` (one of its bodies) that holds ``loop``, if any."""
+    for field in ("body", "orelse", "finalbody"):
+        block = getattr(stmt, field, None)
+        if isinstance(block, list) and any(loop is n for s in block for n in ast.walk(s)):
+            return block
+    for handler in getattr(stmt, "handlers", ()):
+        if any(loop is n for s in handler.body for n in ast.walk(s)):
+            return handler.body
+    return None
+
+
+def _untouched_before(block: Sequence[ast.stmt], loop: ast.For, name: str) -> bool:
+    for stmt in block:
+        if any(loop is n for n in ast.walk(stmt)):
+            return True
+        if name in names_loaded([stmt]) | names_assigned([stmt]):
+            return False
+    return True
+
+
+def analyse(function: ast.FunctionDef, loop: ast.For, sized: set[str]) -> LoopInfo:
+    """The carries, lists and refusal of ``loop``, a ``for`` statement of ``function``."""
+    form = loop_form(loop, sized)
+    targets = tuple(sorted(_stored(loop.target)))
+    inside = {id(n) for s in loop.body for n in ast.walk(s)}
+    live_after = {
+        n.id
+        for n in ast.walk(function)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside
+    }
+    appended = appended_lists(loop.body)
+    lists = []
+    for name, stmt in appended.items():
+        others = [s for s in loop.body if s is not stmt]
+        if name not in names_assigned(others) | names_loaded(others):
+            lists.append(name)
+    lists = sorted(set(lists) & fresh_lists(function, loop, lists))
+    body = [s for s in loop.body if not any(s is appended[n] for n in lists)]
+    assigned = names_assigned(body)
+    body_reads = names_loaded(loop.body)
+    exposed = exposed_reads(body)
+    carries = sorted((assigned & (exposed | live_after)) - set(targets))
+    free = body_reads - assigned
+    reason = ""
+    if not isinstance(loop.target, (ast.Name, ast.Tuple)) or not all(
+        isinstance(e, ast.Name) for e in getattr(loop.target, "elts", [loop.target])
+    ):
+        reason = f"its target `{ast.unparse(loop.target)}` is not a name or a tuple of names"
+    elif set(targets) & live_after:
+        name = sorted(set(targets) & live_after)[0]
+        reason = f"the loop variable `{name}` is read outside the loop"
+    elif form.kind == "range" and not form.sized and not form.lengths:
+        reason = (
+            f"it counts to a Python number (`{ast.unparse(loop.iter)}`), not to a tensor's "
+            "size: layers, heads or a fixed number of steps stay Python"
+        )
+    elif isinstance(loop, ast.AsyncFor):
+        reason = "an `async for`"
+    else:
+        refusal = _refusal(body, set(carries), free)
+        if refusal is None and loop.orelse:
+            refusal = _refusal(loop.orelse, set(), set())
+        if refusal is not None:
+            reason = f"{refusal.what} (line {refusal.line})"
+    return LoopInfo(loop, form, targets, tuple(carries), tuple(lists), reason)
+
+
+def step_slices(body: Sequence[ast.stmt], index: str, assigned: set[str]) -> list[tuple[str, int]]:
+    """The ``(name, axis)`` of the subscripts ``name[t]``, ``name[:, t]``, ``name[:, :, t,
+    :]``... of the body, where ``t`` is the step number and ``name`` a sequence the body does
+    not assign: the slices a scan can give the step as its ``x``, in order of appearance."""
+    found: list[tuple[str, int]] = []
+    for stmt in body:
+        for node in ast.walk(stmt):
+            key = slice_key(node, index, assigned)
+            if key is not None and key not in found:
+                found.append(key)
+    return found
+
+
+def slice_key(node: ast.AST, index: str, assigned: set[str]) -> tuple[str, int] | None:
+    """``(name, axis)`` where ``node`` is ``name[:, ..., t, :, ...]`` (loads only)."""
+    if not (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.ctx, ast.Load)
+        and isinstance(node.value, ast.Name)
+        and node.value.id not in assigned
+        and node.value.id != index
+    ):
+        return None
+    parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    positions = [k for k, p in enumerate(parts) if isinstance(p, ast.Name) and p.id == index]
+    if len(positions) != 1:
+        return None
+    axis = positions[0]
+    for k, part in enumerate(parts):
+        if k != axis and not (
+            isinstance(part, ast.Slice)
+            and part.lower is None
+            and part.upper is None
+            and part.step is None
+        ):
+            return None
+        if k < axis and not isinstance(part, ast.Slice):
+            return None
+    return node.value.id, axis

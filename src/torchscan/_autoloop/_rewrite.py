@@ -1,0 +1,451 @@
+"""The rewrite of a function's ``for`` statements into calls of :func:`._runtime.for_`.
+
+Each ``for`` statement the analysis accepts becomes, in place::
+
+    def __autoloop_body_N(__autoloop_item, __autoloop_carry):
+        <target> = __autoloop_item
+        (<carries>,) = __autoloop_carry
+        <the body, each appended value assigned to __autoloop_y_K instead>
+        return (<carries>,), (__autoloop_y_0, ...)
+    (<carries>,), (<lists>,) = __autoloop__.for_(loop, <iterable>, __autoloop_body_N,
+                                                 (<carries or UNDEFINED>,), (<lists>,))
+    <the else clause>
+
+with the statements keeping the user's line numbers (tracebacks show the user's lines). A loop
+the analysis refuses stays as written, its iterable passed through :func:`._runtime.kept`, which
+records each run. ``torch.stack``, ``torch.cat``, ``reversed`` and ``list`` calls of the function
+take the lists of a scan as the stacked outputs they are.
+
+The new function is compiled with the original's file name, in a factory whose parameters are
+the original's free variables (so that it reads the same closure cells), nested in a class of
+the same name where the original is a method (so that private names are mangled alike); it gets
+the original's globals, defaults, keyword defaults and attributes.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import types
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from torchscan._autoloop import _analysis, _runtime
+from torchscan._errors import TorchscanTypeError
+
+RUNTIME = "__autoloop__"
+LOOPS = "__autoloop_loops__"
+_ITEM = "__autoloop_item"
+_CARRY = "__autoloop_carry"
+
+
+class NotConvertible(Exception):
+    """A function whose source cannot be converted (no source, a lambda, a generator)."""
+
+
+def _name(id: str, ctx: ast.expr_context | None = None) -> ast.Name:
+    return ast.Name(id=id, ctx=ctx or ast.Load())
+
+
+def _runtime_attr(attr: str) -> ast.Attribute:
+    return ast.Attribute(value=_name(RUNTIME), attr=attr, ctx=ast.Load())
+
+
+def _tuple(names: list[str] | tuple[str, ...], ctx: ast.expr_context) -> ast.Tuple:
+    return ast.Tuple(elts=[_name(n, ctx) for n in names], ctx=ctx)
+
+
+class _Calls(ast.NodeTransformer):
+    """``torch.stack``/``torch.cat``/``reversed``/``list`` calls through the runtime's, which
+    take a scan's lists as stacked outputs; ``len`` through the runtime's, which keeps a
+    tensor's length symbolic while torch traces the model."""
+
+    _TORCH: ClassVar[dict[str, str]] = {
+        "stack": "stack", "cat": "cat", "concat": "cat", "concatenate": "cat"
+    }  # fmt: skip
+    _BUILTINS: ClassVar[dict[str, str]] = {
+        "reversed": "reversed_", "list": "list_", "len": "len_"
+    }  # fmt: skip
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "torch"
+            and func.attr in self._TORCH
+        ):
+            node.func = ast.copy_location(_runtime_attr(self._TORCH[func.attr]), func)
+        elif isinstance(func, ast.Name) and func.id in self._BUILTINS:
+            node.func = ast.copy_location(_runtime_attr(self._BUILTINS[func.id]), func)
+        return node
+
+
+class _Slices(ast.NodeTransformer):
+    """The subscripts ``x[:, t]`` of a loop's body as the names of the slices the runtime gives
+    the step (``__autoloop_x_K``)."""
+
+    def __init__(self, index: str, assigned: set[str], slices: list[tuple[str, int]]) -> None:
+        self.index, self.assigned, self.slices = index, assigned, slices
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        key = _analysis.slice_key(node, self.index, self.assigned)
+        if key is None:
+            return self.generic_visit(node)
+        return ast.copy_location(_name(f"__autoloop_x_{self.slices.index(key)}"), node)
+
+
+def _iterable(node: ast.expr, form: _analysis.LoopForm) -> ast.expr:
+    """The loop's iterable through the runtime's ``range_``, ``unbind``, ``enumerate_`` and
+    ``zip_``."""
+    if form.kind == "range":
+        call = node
+        if form.reverse:
+            assert isinstance(node, ast.Call)
+            call = node.args[0]
+        assert isinstance(call, ast.Call)
+        keywords = [ast.keyword("reverse", ast.Constant(True))] if form.reverse else []
+        if not form.sized:  # a time axis where a len(...) of its bounds is of a tensor
+            lengths = ast.Call(_runtime_attr("any_tensor"), list(form.lengths), [])
+            keywords.append(ast.keyword("sized", lengths))
+        return ast.Call(_runtime_attr("range_"), list(call.args), keywords)
+    return _headers(node)
+
+
+def _headers(node: ast.expr) -> ast.expr:
+    if isinstance(node, ast.Call) and not any(isinstance(a, ast.Starred) for a in node.args):
+        func = node.func
+        args = [_headers(a) for a in node.args]
+        if isinstance(func, ast.Name) and func.id in ("enumerate", "zip"):
+            return ast.Call(_runtime_attr(f"{func.id}_"), args, node.keywords)
+        if isinstance(func, ast.Attribute) and func.attr == "unbind" and not node.keywords:
+            if isinstance(func.value, ast.Name) and func.value.id == "torch":
+                return ast.Call(_runtime_attr("unbind"), args, [])
+            return ast.Call(_runtime_attr("unbind"), [func.value, *args], [])
+    return node
+
+
+class _Loops(ast.NodeTransformer):
+    """Every ``for`` statement of one function, innermost first."""
+
+    def __init__(
+        self,
+        infos: dict[int, _analysis.LoopInfo],
+        loops: list[_runtime.Loop],
+        function: str,
+        filename: str,
+        strict: bool,
+    ) -> None:
+        self.infos, self.loops = infos, loops
+        self.function, self.filename, self.strict = function, filename, strict
+        self.converted = 0
+
+    def _visit_scope(self, node: ast.AST) -> ast.AST:
+        return node  # nested functions and classes are left as they are
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _visit_scope
+
+    def visit_For(self, node: ast.For) -> Any:
+        info = self.infos[id(node)]
+        self.generic_visit(node)
+        index = len(self.loops)
+        loop = _runtime.Loop(
+            self.function,
+            self.filename,
+            node.lineno,
+            info.carries,
+            info.lists,
+            strict=self.strict,
+            reason=info.reason,
+        )
+        self.loops.append(loop)
+        record = ast.Subscript(_name(LOOPS), ast.Constant(index), ast.Load())
+        if info.reason:
+            node.iter = ast.Call(_runtime_attr("kept"), [record, node.iter], [])
+            ast.fix_missing_locations(ast.copy_location(node.iter, node))
+            return node
+        self.converted += 1
+        return [ast.fix_missing_locations(s) for s in self._converted(node, info, record, index)]
+
+    def _converted(
+        self, node: ast.For, info: _analysis.LoopInfo, record: ast.expr, index: int
+    ) -> list[ast.stmt]:
+        body_name = f"__autoloop_body_{index}"
+        appended = _analysis.appended_lists(node.body)
+        ys = {name: f"__autoloop_y_{k}" for k, name in enumerate(info.lists)}
+        slices: list[tuple[str, int]] = []
+        target: ast.expr = _store(node.target)
+        if info.form.kind == "range" and isinstance(node.target, ast.Name):
+            assigned = _analysis.names_assigned(node.body) | {node.target.id}
+            slices = _analysis.step_slices(node.body, node.target.id, assigned)
+            if slices:
+                _Slices(node.target.id, assigned, slices).visit(node)
+                names = [_name(f"__autoloop_x_{k}", ast.Store()) for k in range(len(slices))]
+                target = ast.Tuple([target, *names], ast.Store())
+        body: list[ast.stmt] = [ast.copy_location(ast.Assign([target], _name(_ITEM)), node)]
+        if info.carries:
+            body.append(
+                ast.copy_location(
+                    ast.Assign([_tuple(info.carries, ast.Store())], _name(_CARRY)), node
+                )
+            )
+        for stmt in node.body:
+            name = next((n for n in info.lists if appended[n] is stmt), None)
+            if name is None:
+                body.append(stmt)
+            else:
+                value = _analysis.appended_value(stmt)
+                body.append(
+                    ast.copy_location(ast.Assign([_name(ys[name], ast.Store())], value), stmt)
+                )
+        returned = ast.Tuple(
+            [_tuple(info.carries, ast.Load()), _tuple([ys[n] for n in info.lists], ast.Load())],
+            ast.Load(),
+        )
+        body.append(ast.copy_location(ast.Return(returned), node))
+        function = ast.FunctionDef(
+            name=body_name,
+            args=ast.arguments(
+                posonlyargs=[],
+                args=[ast.arg(_ITEM), ast.arg(_CARRY)],
+                kwonlyargs=[],
+                kw_defaults=[],
+                defaults=[],
+            ),
+            body=body,
+            decorator_list=[],
+            returns=None,
+        )
+        _no_type_params(function)
+        out: list[ast.stmt] = [ast.copy_location(function, node)]
+        initial = []
+        for k, name in enumerate(info.carries):
+            temp = f"__autoloop_init_{index}_{k}"
+            initial.append(temp)
+            out.append(
+                ast.copy_location(
+                    ast.Try(
+                        body=[ast.Assign([_name(temp, ast.Store())], _name(name))],
+                        handlers=[
+                            ast.ExceptHandler(
+                                type=_name("NameError"),
+                                name=None,
+                                body=[
+                                    ast.Assign(
+                                        [_name(temp, ast.Store())], _runtime_attr("UNDEFINED")
+                                    )
+                                ],
+                            )
+                        ],
+                        orelse=[],
+                        finalbody=[],
+                    ),
+                    node,
+                )
+            )
+        call = ast.Call(
+            _runtime_attr("for_"),
+            [
+                record,
+                _iterable(node.iter, info.form),
+                _name(body_name),
+                _tuple(initial, ast.Load()),
+                _tuple(info.lists, ast.Load()),
+            ],
+            [],
+        )
+        if slices:
+            pairs: list[ast.expr] = [
+                ast.Tuple([_name(n), ast.Constant(a)], ast.Load()) for n, a in slices
+            ]
+            call.keywords.append(ast.keyword("slices", ast.Tuple(pairs, ast.Load())))
+        out.append(
+            ast.copy_location(
+                ast.Assign(
+                    [
+                        ast.Tuple(
+                            [_tuple(info.carries, ast.Store()), _tuple(info.lists, ast.Store())],
+                            ast.Store(),
+                        )
+                    ],
+                    call,
+                ),
+                node,
+            )
+        )
+        for name in info.carries:  # unbound after the loop where it was before and no step ran
+            out.append(
+                ast.copy_location(
+                    ast.If(
+                        test=ast.Compare(_name(name), [ast.Is()], [_runtime_attr("UNDEFINED")]),
+                        body=[ast.Delete([_name(name, ast.Del())])],
+                        orelse=[],
+                    ),
+                    node,
+                )
+            )
+        out.extend(node.orelse)
+        return out
+
+
+def _no_type_params(node: ast.stmt) -> None:
+    """A generated ``def`` or ``class`` without type parameters (a field from Python 3.12)."""
+    if "type_params" in node._fields:
+        setattr(node, "type_params", [])  # noqa: B010
+
+
+def _store(target: ast.expr) -> ast.expr:
+    if isinstance(target, ast.Name):
+        return _name(target.id, ast.Store())
+    assert isinstance(target, ast.Tuple)
+    return ast.Tuple([_store(e) for e in target.elts], ast.Store())
+
+
+def _find_code(code: types.CodeType, name: str, line: int) -> types.CodeType | None:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name and const.co_firstlineno == line:
+                return const
+            found = _find_code(const, name, line)
+            if found is not None:
+                return found
+    return None
+
+
+def function_tree(fn: types.FunctionType) -> ast.FunctionDef:
+    """The parsed source of ``fn``, its lines numbered as in its file."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError) as error:
+        raise NotConvertible(f"its source is not available ({error})") from None
+    try:
+        module = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        raise NotConvertible("its source could not be parsed on its own") from None
+    if not module.body or not isinstance(module.body[0], ast.FunctionDef):
+        raise NotConvertible("it is not defined by a `def` statement (a lambda?)")
+    ast.increment_lineno(module, fn.__code__.co_firstlineno - 1)
+    tree = module.body[0]
+    if tree.name != fn.__name__:
+        raise NotConvertible("its source defines another name")
+    return tree
+
+
+def convert(
+    fn: types.FunctionType, strict: bool
+) -> tuple[Callable[..., Any], list[_runtime.Loop], str]:
+    """The converted function, a record per ``for`` statement, the converted source."""
+    if fn.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE):
+        raise NotConvertible("it is a generator or a coroutine")
+    tree = function_tree(fn)
+    filename = fn.__code__.co_filename
+    sized = _analysis.sized_names(tree)
+    infos = {id(node): _analysis.analyse(tree, node, sized) for node in _own_loops(tree)}
+    loops: list[_runtime.Loop] = []
+    if not infos:
+        return fn, loops, ast.unparse(tree)
+    if strict:
+        for info in infos.values():
+            if info.reason and info.form.kind == "range" and info.form.sized:
+                raise TorchscanTypeError(
+                    f"{_runtime.API}: the loop of {fn.__qualname__} ({filename}, line "
+                    f"{info.node.lineno}) stays Python: {info.reason}"
+                )
+    tree.decorator_list = []
+    transformer = _Loops(infos, loops, fn.__qualname__, filename, strict)
+    tree.body = [s for stmt in tree.body for s in _as_list(transformer.visit(stmt))]
+    if transformer.converted:
+        tree = _Calls().visit(tree)
+    _strip_signature(tree)
+    source = ast.unparse(tree)
+    code = _compile(fn, tree)
+    closure = _closure(fn, code, loops)
+    new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__dict__.update(fn.__dict__)
+    new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
+    new.__annotations__ = dict(fn.__annotations__)
+    return new, loops, source
+
+
+def _as_list(result: Any) -> list[ast.stmt]:
+    return result if isinstance(result, list) else [result]
+
+
+def _own_loops(tree: ast.FunctionDef) -> list[ast.For]:
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.For):
+                found.append(child)
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _strip_signature(tree: ast.FunctionDef) -> None:
+    """Defaults and annotations, which the new function takes from the original instead of
+    evaluating them again."""
+    args = tree.args
+    args.defaults, args.kw_defaults = [], [None] * len(args.kwonlyargs)
+    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+        if arg is not None:
+            arg.annotation = None
+    tree.returns = None
+
+
+def _compile(fn: types.FunctionType, tree: ast.FunctionDef) -> types.CodeType:
+    line = tree.lineno
+    holder: ast.stmt = tree
+    owner = _owner_class(fn)
+    if owner is not None:  # private names mangled as in the class
+        holder = ast.ClassDef(name=owner, bases=[], keywords=[], body=[tree], decorator_list=[])
+        _no_type_params(holder)
+    factory = ast.FunctionDef(
+        name="__autoloop_factory__",
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(n) for n in (RUNTIME, LOOPS, *fn.__code__.co_freevars)],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=[],
+        ),
+        body=[holder, ast.Return(ast.Constant(None))],
+        decorator_list=[],
+        returns=None,
+    )
+    _no_type_params(factory)
+    module = ast.Module(body=[factory], type_ignores=[])
+    for node in (factory, holder):
+        ast.copy_location(node, tree)
+    ast.fix_missing_locations(module)
+    compiled = compile(module, fn.__code__.co_filename, "exec", dont_inherit=True)
+    code = _find_code(compiled, fn.__name__, line)
+    if code is None:  # pragma: no cover - the factory always holds it
+        raise NotConvertible("its converted code could not be found")
+    return code
+
+
+def _owner_class(fn: types.FunctionType) -> str | None:
+    parts = fn.__qualname__.split(".")
+    if len(parts) >= 2 and parts[-2] != "<locals>":
+        return parts[-2]
+    return None
+
+
+def _closure(
+    fn: types.FunctionType, code: types.CodeType, loops: list[_runtime.Loop]
+) -> tuple[types.CellType, ...]:
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
+    cells[RUNTIME] = types.CellType(_runtime)
+    cells[LOOPS] = types.CellType(tuple(loops))
+    missing = [n for n in code.co_freevars if n not in cells]
+    if missing:  # pragma: no cover - the factory's parameters are the only free names
+        raise NotConvertible(f"free names {missing} have no cell")
+    return tuple(cells[n] for n in code.co_freevars)

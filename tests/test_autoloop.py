@@ -1,0 +1,303 @@
+"""torchscan.autoloop: the loops of tests/_autoloop_corpus.py converted, against the same
+modules unconverted (forward and gradients, lengths 0, 1 and several), exported with a dynamic
+length (one Scan per loop, onnxruntime at both optimization levels equal to eager at other
+lengths); the loops that stay Python with their reasons; the report, the source, strict."""
+
+from __future__ import annotations
+
+import copy
+import traceback
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+import torchscan
+from torchscan import _autoloop, _hoist
+
+from . import _autoloop_corpus as corpus
+from ._export import onnx_export
+from .onnx._runtimes import run_onnxruntime
+
+NAMES = list(corpus.PROGRAMS)
+CONVERTING = [n for n in NAMES if corpus.PROGRAMS[n].converts]
+LENGTHS = [0, 1, 5]
+
+
+@pytest.fixture(autouse=True)
+def _converted_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpus, "DECAY", torchscan.autoloop(corpus._decay))
+
+
+def pair(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The program's module as written, and a copy of it converted."""
+    torch.manual_seed(0)
+    original = corpus.PROGRAMS[name].make()
+    converted = torchscan.autoloop(copy.deepcopy(original))
+    return original, converted
+
+
+def run(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> object:
+    try:
+        return module(*inputs)
+    except RuntimeError as error:
+        return error
+
+
+def _grads(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    out = module(*inputs)
+    leaves = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+    total = sum((o.float() * (k + 1)).sum() for k, o in enumerate(leaves) if o.is_floating_point())
+    params = list(module.parameters())
+    wrt = [*[i for i in inputs if i.requires_grad], *params]
+    return list(torch.autograd.grad(total, wrt, allow_unused=True))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_converted_module_computes_as_the_original(name: str, n: int) -> None:
+    program = corpus.PROGRAMS[name]
+    original, converted = pair(name)
+    inputs = program.inputs(n)
+    before = [i.clone() for i in inputs]
+    want = run(original, tuple(i.clone() for i in inputs))
+    got = run(converted, inputs)
+    if isinstance(want, RuntimeError):
+        assert isinstance(got, RuntimeError)
+        assert str(got) == str(want)
+        assert n == 0
+        assert program.empty_raises
+        return
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if name != "in-place":  # which changes its input, as the original does
+        for b, i in zip(before, inputs, strict=True):
+            assert torch.equal(b, i)
+    report = torchscan.autoloop_report(converted)
+    if name == "function":  # the loop is in a function the module calls
+        report += torchscan.autoloop_report(corpus.DECAY)
+    time_loops = [r for r in report if r.converted]
+    if program.converts:
+        assert time_loops, report
+    else:
+        assert not time_loops, report
+        assert any(program.reason in r.reason for r in report), report
+
+
+@pytest.mark.parametrize("name", CONVERTING)
+def test_gradients_match_the_original_at_every_call(name: str) -> None:
+    """At the first call (the step run as written) and the third (hoisted, its work on x
+    batched over the steps: within rounding)."""
+    program = corpus.PROGRAMS[name]
+    original, converted = pair(name)
+    inputs = [i.requires_grad_() for i in program.inputs(4)]
+    want = _grads(original, tuple(inputs))
+    for _ in range(3):
+        _hoist.last.what = ""
+        got = _grads(converted, tuple(inputs))
+        for g, w in zip(got, want, strict=True):
+            if w is None:
+                assert g is None
+            else:
+                torch.testing.assert_close(g, w)
+    assert _hoist.last.what == "hoisted"
+
+
+def _dynamic(name: str) -> tuple[dict[int, torch.export.Dim], ...]:
+    program = corpus.PROGRAMS[name]
+    t = torch.export.Dim("T", min=2, max=64)
+    inputs = program.inputs(3)
+    shapes = []
+    for k, tensor in enumerate(inputs):
+        axis = program.time_axis if k == 0 else 0
+        grows = tensor.shape[axis] != program.inputs(4)[k].shape[axis]
+        shapes.append({axis: t} if grows else {})
+    return tuple(shapes)
+
+
+_EXPORTS: dict[str, onnx.ModelProto] = {}
+
+
+def exported(name: str) -> onnx.ModelProto:
+    if name not in _EXPORTS:
+        _, converted = pair(name)
+        program = corpus.PROGRAMS[name]
+        _EXPORTS[name] = onnx_export(
+            converted.eval(), program.inputs(3), dynamo=True, dynamic_shapes=_dynamic(name)
+        ).model_proto
+    return _EXPORTS[name]
+
+
+@pytest.mark.parametrize("name", CONVERTING)
+def test_the_unchanged_model_exports_one_scan_per_loop_with_a_dynamic_length(name: str) -> None:
+    model = exported(name)
+    loops = [n.op_type for n in model.graph.node if n.op_type in ("Scan", "Loop")]
+    assert len(loops) == 1, [n.op_type for n in model.graph.node]
+    original, _ = pair(name)
+    program = corpus.PROGRAMS[name]
+    for n in (2, 7):
+        inputs = program.inputs(n)
+        want = torch.utils._pytree.tree_leaves(original(*inputs))
+        runs = run_onnxruntime(model, inputs)
+        assert len(runs) == 2  # the default and disabled optimizations
+        for got in runs.values():
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(torch.as_tensor(g), w.detach())
+
+
+def test_the_layer_loop_in_the_step_stays_python_and_the_time_loop_converts() -> None:
+    _, converted = pair("helper")
+    converted(*corpus.PROGRAMS["helper"].inputs(3))
+    rows = {r.lineno: r for r in torchscan.autoloop_report(converted)}
+    assert sorted(r.converted for r in rows.values()) == [False, True]
+    kept = next(r for r in rows.values() if not r.converted)
+    assert kept.reason == "it iterates over a ModuleList, not along a tensor's axis"
+    assert kept.function == "Helper.run"
+
+
+def test_the_report_names_the_file_and_line_of_each_for() -> None:
+    _, converted = pair("elman")
+    (row,) = torchscan.autoloop_report(converted)
+    assert row.filename == corpus.__file__
+    lines = Path(corpus.__file__).read_text().splitlines()
+    assert lines[row.lineno - 1].strip() == "for t in range(x.shape[0]):"
+    assert row.function == "Elman.forward"
+
+
+def test_the_source_shows_the_scan() -> None:
+    _, converted = pair("elman")
+    source = torchscan.autoloop_source(converted)
+    assert "__autoloop__.for_(" in source
+    assert "h = torch.tanh(self.wx(__autoloop_x_0) + self.wh(h))" in source
+    assert "slices=((x, 0),)" in source
+    assert "__autoloop__.stack(outputs)" in source
+
+
+def test_a_traceback_from_the_step_shows_the_users_line() -> None:
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(3)
+        for x_t in x:
+            h = h + x_t @ torch.ones(7, 7)  # the line at fault
+        return h
+
+    converted = torchscan.autoloop(broken)
+    with pytest.raises(RuntimeError) as info:
+        converted(torch.randn(4, 3))
+    frames = traceback.extract_tb(info.tb)
+    assert any(f.line and f.line.endswith("# the line at fault") for f in frames)
+
+
+def test_a_function_is_converted_once() -> None:
+    converted = torchscan.autoloop(corpus._decay)
+    assert torchscan.autoloop(converted) is converted
+    assert torchscan.autoloop(corpus._decay) is not corpus._decay
+
+
+def test_the_decorator_form() -> None:
+    @torchscan.autoloop(strict=True)
+    def cumulative(x: torch.Tensor) -> torch.Tensor:
+        s = x[0] * 0
+        outs = []
+        for x_t in x:
+            s = s + x_t
+            outs.append(s)
+        return torch.stack(outs)
+
+    x = torch.randn(5, 2)
+    torch.testing.assert_close(cumulative(x), x.cumsum(0), rtol=0, atol=1e-6)
+    assert [r.converted for r in torchscan.autoloop_report(cumulative)] == [True]
+
+
+def test_strict_refuses_a_time_loop_that_stays_python_at_conversion() -> None:
+    with pytest.raises(TypeError, match=r"line \d+\) stays Python: `break` leaves the loop"):
+        torchscan.autoloop(corpus.Stops(), strict=True)
+
+
+def test_strict_refuses_a_time_loop_that_runs_as_python() -> None:
+    module = torchscan.autoloop(corpus.Counter(), strict=True)
+    with pytest.raises(TypeError, match="runs as Python: `count` is an int before the loop"):
+        module(torch.randn(3, 2, 3))
+
+
+def test_strict_keeps_loops_over_layers() -> None:
+    module = torchscan.autoloop(corpus.Layers(), strict=True)
+    x = torch.randn(4, 2, 3)
+    torch.testing.assert_close(module(x), corpus.Layers.forward(module, x), rtol=0, atol=0)
+
+
+def test_a_list_not_empty_before_the_loop_runs_as_python() -> None:
+    def prefixed(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        outs = []
+        outs.append(first)
+        for x_t in x:
+            outs.append(x_t)
+        return torch.stack(outs)
+
+    converted = torchscan.autoloop(prefixed)
+    x, first = torch.randn(3, 2), torch.randn(2)
+    torch.testing.assert_close(converted(x, first), prefixed(x, first), rtol=0, atol=0)
+    (row,) = torchscan.autoloop_report(converted)
+    assert not row.converted
+    assert row.reason.startswith("`outs.append(x_t)` changes `outs`, made outside the loop")
+
+
+def test_the_lists_of_a_scan_are_lists() -> None:
+    def steps(x: torch.Tensor) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
+        outs = []
+        for x_t in x:
+            outs.append(x_t * 2)
+        first = outs[0]
+        outs.append(first)
+        return len(outs), torch.stack(outs), list(reversed(outs))
+
+    converted = torchscan.autoloop(steps)
+    x = torch.randn(4, 3)
+    got, want = converted(x), steps(x)
+    assert got[0] == want[0]
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    torch.testing.assert_close(got[2], want[2], rtol=0, atol=0)
+
+
+def test_a_carry_unbound_before_the_loop_runs_as_python() -> None:
+    def last_of(x: torch.Tensor) -> torch.Tensor:
+        for x_t in x:
+            last = x_t * 2
+        return last
+
+    converted = torchscan.autoloop(last_of)
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(converted(x), x[-1] * 2, rtol=0, atol=0)
+    with pytest.raises(UnboundLocalError):
+        converted(torch.randn(0, 2))
+
+
+def test_a_list_made_while_torch_traces_can_only_be_stacked() -> None:
+    def lengths(x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for x_t in x:
+            outs.append(x_t + 1)
+        return torch.stack(outs) * len(outs)
+
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torchscan.autoloop(lengths)(x)
+
+    with pytest.raises(TypeError, match=r"use it only in torch\.stack"):
+        torch.export.export(
+            Model(), (torch.randn(3, 2),), dynamic_shapes=({0: torch.export.Dim("T")},)
+        )
+
+
+def test_what_is_not_a_function_or_module_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"expected a function, a method or an nn\.Module, got int"):
+        torchscan.autoloop(3)
+
+
+def test_the_report_of_what_was_not_converted_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"was not converted by torchscan\.autoloop"):
+        torchscan.autoloop_report(len)
+
+
+def test_the_public_names() -> None:
+    assert torchscan.autoloop is _autoloop.autoloop
+    assert torchscan.LoopReport is _autoloop.LoopReport
