@@ -89,7 +89,10 @@ def main() -> None:
             want = run(written)
             for _ in range(3):  # hoisted from the third call
                 suite.check_close(name, [run(converted)], [want])
-            runs = {"written": lambda: run(written), "converted": lambda: run(converted)}
+            runs = {
+                "written": lambda m=written: run(m),
+                "converted": lambda m=converted: run(m),
+            }
             medians = suite.interleaved_medians(runs, args.repeats)
             ratio = medians["converted"] / medians["written"]
             print(

@@ -171,6 +171,32 @@ class Helper(nn.Module):
         return self.run(x, x.new_zeros(x.shape[1], H))
 
 
+class _Scaled(nn.Module):
+    def scale(self, h: torch.Tensor) -> torch.Tensor:
+        return h * 2
+
+
+class Private(_Scaled):
+    """enumerate of zip with a nested target, super() in a method the step calls, a private
+    attribute (mangled as in the class)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.__w = nn.Parameter(torch.randn(H, H) / H)
+        self.proj = nn.Linear(F, H)
+
+    def scale(self, h: torch.Tensor) -> torch.Tensor:
+        return super().scale(h) + 1
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.zeros(x.shape[1], H)
+        outs = []
+        for t, (x_t, y_t) in enumerate(zip(x, y)):  # noqa: B905 (as written)
+            h = torch.tanh(self.scale(h) @ self.__w + self.proj(x_t * y_t) + t)
+            outs.append(h)
+        return torch.stack(outs), h
+
+
 def _decay(x: torch.Tensor, alpha: float) -> torch.Tensor:
     y = x[0] * 0
     for x_t in x:
@@ -271,6 +297,7 @@ PROGRAMS: dict[str, Program] = {
     ),
     "zip": Program(Zipped, lambda n: (_x(n), torch.rand(n, B, 1))),
     "offset": Program(Offset, lambda n: (_x(n + 1),)),
+    "private": Program(Private, lambda n: (_x(n), _x(n) + 1), empty_raises=True),
     "helper": Program(Helper, lambda n: (_x(n),), empty_raises=True),
     "function": Program(Function, lambda n: (_x(n + 1),)),
     "layers": Program(Layers, lambda n: (_x(n),), False, "counts to a Python number"),

@@ -301,3 +301,72 @@ def test_the_report_of_what_was_not_converted_is_refused() -> None:
 def test_the_public_names() -> None:
     assert torchscan.autoloop is _autoloop.autoloop
     assert torchscan.LoopReport is _autoloop.LoopReport
+
+
+def test_a_loop_whose_target_is_not_names_stays_python() -> None:
+    def into_a_list(x: torch.Tensor) -> list[torch.Tensor]:
+        rows = [x[0]]
+        for rows[0] in x:
+            pass
+        return rows
+
+    converted = torchscan.autoloop(into_a_list)
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(converted(x), into_a_list(x), rtol=0, atol=0)
+    (row,) = torchscan.autoloop_report(converted)
+    assert row.reason == (
+        "its target `rows[0]` is not a name or a tuple of names (a starred name, an attribute "
+        "or a subscript)"
+    )
+
+
+def test_the_loop_variable_read_after_the_loop_keeps_it_python() -> None:
+    def last_step(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        s = x[0] * 0
+        for t in range(x.shape[0]):
+            s = s + x[t]
+        return s, t
+
+    converted = torchscan.autoloop(last_step)
+    x = torch.randn(3, 2)
+    assert converted(x)[1] == 2
+    (row,) = torchscan.autoloop_report(converted)
+    assert row.reason == "the loop variable `t` is read outside the loop"
+
+
+def test_stack_and_cat_of_the_lists_take_their_arguments_as_torch_does() -> None:
+    def joined(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a, b = [], []
+        for x_t in x:
+            a.append(x_t * 2)
+            b.append(x_t[None])
+        return (
+            torch.cat(a, axis=-1),
+            torch.cat(b, dim=0),
+            torch.stack(a, -1),
+            torch.concat(b),
+            torch.stack(a[::-1], dim=1),
+        )
+
+    converted = torchscan.autoloop(joined)
+    x = torch.randn(4, 2, 3)
+    torch.testing.assert_close(converted(x), joined(x), rtol=0, atol=0)
+    assert [r.converted for r in torchscan.autoloop_report(converted)] == [True]
+
+
+def test_names_that_are_not_the_builtins_are_left_as_the_function_binds_them() -> None:
+    def shadowing(x: torch.Tensor) -> tuple[torch.Tensor, str]:
+        def list(items: object) -> str:  # a list of its own
+            return "mine"
+
+        outs = []
+        for x_t in x:
+            outs.append(x_t)
+        return torch.stack(outs), list(outs)
+
+    converted = torchscan.autoloop(shadowing)
+    x = torch.randn(3, 2)
+    got, want = converted(x), shadowing(x)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    assert got[1] == "mine"
+    assert "list(outs)" in torchscan.autoloop_source(converted)

@@ -19,6 +19,7 @@ DEFAULT_EXAMPLES = {
     "vmap": 50,
     "padded": 6,
     "theano": 5,
+    "autoloop": 30,
 }
 """Programs per test in the default slice: every one run eagerly against the oracle, 14 of
 them also exported and run in onnxruntime; about two minutes on one core, export dominating."""

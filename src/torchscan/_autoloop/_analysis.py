@@ -175,8 +175,11 @@ def _exposed_stmt(stmt: ast.stmt, defined: set[str], exposed: set[str]) -> None:
         defined.update(names_assigned([stmt]))
 
 
-def loop_form(node: ast.For, sized_names: set[str]) -> LoopForm:
-    """How ``node`` iterates: a range (and whether from a tensor's size) or an iterable."""
+def loop_form(node: ast.For, sized_names: set[str], shadowed: set[str]) -> LoopForm:
+    """How ``node`` iterates: a range (and whether from a tensor's size) or an iterable (also
+    a range where ``range``, ``reversed`` or ``len`` is not the builtin, in ``shadowed``)."""
+    if shadowed & {"range", "reversed", "len"}:
+        return LoopForm("iterable")
     it = _call(node.iter, "reversed")
     reverse = it is not None and len(it.args) == 1 and _call(it.args[0], "range") is not None
     it = _call(it.args[0] if reverse and it is not None else node.iter, "range")
@@ -473,9 +476,19 @@ def _untouched_before(block: Sequence[ast.stmt], loop: ast.For, name: str) -> bo
     return True
 
 
-def analyse(function: ast.FunctionDef, loop: ast.For, sized: set[str]) -> LoopInfo:
-    """The carries, lists and refusal of ``loop``, a ``for`` statement of ``function``."""
-    form = loop_form(loop, sized)
+def _names_only(target: ast.expr) -> bool:
+    """Whether a loop's target is a name or a (nested) tuple of names."""
+    if isinstance(target, ast.Name):
+        return True
+    return isinstance(target, ast.Tuple) and all(_names_only(e) for e in target.elts)
+
+
+def analyse(
+    function: ast.FunctionDef, loop: ast.For, sized: set[str], shadowed: set[str]
+) -> LoopInfo:
+    """The carries, lists and refusal of ``loop``, a ``for`` statement of ``function``
+    (``shadowed``: the builtins the function binds to something else)."""
+    form = loop_form(loop, sized, shadowed)
     targets = tuple(sorted(_stored(loop.target)))
     inside = {id(n) for s in loop.body for n in ast.walk(s)}
     live_after = {
@@ -497,10 +510,11 @@ def analyse(function: ast.FunctionDef, loop: ast.For, sized: set[str]) -> LoopIn
     carries = sorted((assigned & (exposed | live_after)) - set(targets))
     free = body_reads - assigned
     reason = ""
-    if not isinstance(loop.target, (ast.Name, ast.Tuple)) or not all(
-        isinstance(e, ast.Name) for e in getattr(loop.target, "elts", [loop.target])
-    ):
-        reason = f"its target `{ast.unparse(loop.target)}` is not a name or a tuple of names"
+    if not _names_only(loop.target):
+        reason = (
+            f"its target `{ast.unparse(loop.target)}` is not a name or a tuple of names (a "
+            "starred name, an attribute or a subscript)"
+        )
     elif set(targets) & live_after:
         name = sorted(set(targets) & live_after)[0]
         reason = f"the loop variable `{name}` is read outside the loop"

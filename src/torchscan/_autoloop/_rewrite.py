@@ -68,6 +68,9 @@ class _Calls(ast.NodeTransformer):
         "reversed": "reversed_", "list": "list_", "len": "len_"
     }  # fmt: skip
 
+    def __init__(self, shadowed: set[str]) -> None:
+        self.shadowed = shadowed  # names that are not the builtins (or torch) here
+
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         func = node.func
@@ -75,10 +78,15 @@ class _Calls(ast.NodeTransformer):
             isinstance(func, ast.Attribute)
             and isinstance(func.value, ast.Name)
             and func.value.id == "torch"
+            and "torch" not in self.shadowed
             and func.attr in self._TORCH
         ):
             node.func = ast.copy_location(_runtime_attr(self._TORCH[func.attr]), func)
-        elif isinstance(func, ast.Name) and func.id in self._BUILTINS:
+        elif (
+            isinstance(func, ast.Name)
+            and func.id in self._BUILTINS
+            and func.id not in self.shadowed
+        ):
             node.func = ast.copy_location(_runtime_attr(self._BUILTINS[func.id]), func)
         return node
 
@@ -97,7 +105,7 @@ class _Slices(ast.NodeTransformer):
         return ast.copy_location(_name(f"__autoloop_x_{self.slices.index(key)}"), node)
 
 
-def _iterable(node: ast.expr, form: _analysis.LoopForm) -> ast.expr:
+def _iterable(node: ast.expr, form: _analysis.LoopForm, shadowed: set[str]) -> ast.expr:
     """The loop's iterable through the runtime's ``range_``, ``unbind``, ``enumerate_`` and
     ``zip_``."""
     if form.kind == "range":
@@ -111,17 +119,23 @@ def _iterable(node: ast.expr, form: _analysis.LoopForm) -> ast.expr:
             lengths = ast.Call(_runtime_attr("any_tensor"), list(form.lengths), [])
             keywords.append(ast.keyword("sized", lengths))
         return ast.Call(_runtime_attr("range_"), list(call.args), keywords)
-    return _headers(node)
+    return _headers(node, shadowed)
 
 
-def _headers(node: ast.expr) -> ast.expr:
+def _headers(node: ast.expr, shadowed: set[str]) -> ast.expr:
     if isinstance(node, ast.Call) and not any(isinstance(a, ast.Starred) for a in node.args):
         func = node.func
-        args = [_headers(a) for a in node.args]
-        if isinstance(func, ast.Name) and func.id in ("enumerate", "zip"):
+        args = [_headers(a, shadowed) for a in node.args]
+        if (
+            isinstance(func, ast.Name)
+            and func.id in ("enumerate", "zip")
+            and func.id not in shadowed
+        ):
             return ast.Call(_runtime_attr(f"{func.id}_"), args, node.keywords)
         if isinstance(func, ast.Attribute) and func.attr == "unbind" and not node.keywords:
             if isinstance(func.value, ast.Name) and func.value.id == "torch":
+                if "torch" in shadowed:
+                    return node
                 return ast.Call(_runtime_attr("unbind"), args, [])
             return ast.Call(_runtime_attr("unbind"), [func.value, *args], [])
     return node
@@ -137,8 +151,9 @@ class _Loops(ast.NodeTransformer):
         function: str,
         filename: str,
         strict: bool,
+        shadowed: set[str],
     ) -> None:
-        self.infos, self.loops = infos, loops
+        self.infos, self.loops, self.shadowed = infos, loops, shadowed
         self.function, self.filename, self.strict = function, filename, strict
         self.converted = 0
 
@@ -249,7 +264,7 @@ class _Loops(ast.NodeTransformer):
             _runtime_attr("for_"),
             [
                 record,
-                _iterable(node.iter, info.form),
+                _iterable(node.iter, info.form, self.shadowed),
                 _name(body_name),
                 _tuple(initial, ast.Load()),
                 _tuple(info.lists, ast.Load()),
@@ -342,7 +357,8 @@ def convert(
     tree = function_tree(fn)
     filename = fn.__code__.co_filename
     sized = _analysis.sized_names(tree)
-    infos = {id(node): _analysis.analyse(tree, node, sized) for node in _own_loops(tree)}
+    shadowed = _shadowed(fn, tree)
+    infos = {id(node): _analysis.analyse(tree, node, sized, shadowed) for node in _own_loops(tree)}
     loops: list[_runtime.Loop] = []
     if not infos:
         return fn, loops, ast.unparse(tree)
@@ -354,10 +370,10 @@ def convert(
                     f"{info.node.lineno}) stays Python: {info.reason}"
                 )
     tree.decorator_list = []
-    transformer = _Loops(infos, loops, fn.__qualname__, filename, strict)
+    transformer = _Loops(infos, loops, fn.__qualname__, filename, strict, shadowed)
     tree.body = [s for stmt in tree.body for s in _as_list(transformer.visit(stmt))]
     if transformer.converted:
-        tree = _Calls().visit(tree)
+        tree = _Calls(shadowed).visit(tree)
     _strip_signature(tree)
     source = ast.unparse(tree)
     code = _compile(fn, tree)
@@ -368,6 +384,27 @@ def convert(
     new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
     new.__annotations__ = dict(fn.__annotations__)
     return new, loops, source
+
+
+_REWRITTEN = ("range", "reversed", "enumerate", "zip", "len", "list", "torch")
+
+
+def _shadowed(fn: types.FunctionType, tree: ast.FunctionDef) -> set[str]:
+    """The names among those the rewrite replaces (builtins, ``torch``) that ``fn`` binds to
+    something else: a local, a free variable, a global of its module."""
+    import builtins
+
+    import torch
+
+    parameters = {a.arg for a in ast.walk(tree.args) if isinstance(a, ast.arg)}
+    local = _analysis.names_assigned(tree.body) | parameters
+    found = {n for n in _REWRITTEN if n in local or n in fn.__code__.co_freevars}
+    for name in _REWRITTEN:
+        if name in fn.__globals__:
+            expected = torch if name == "torch" else getattr(builtins, name)
+            if fn.__globals__[name] is not expected:
+                found.add(name)
+    return found
 
 
 def _as_list(result: Any) -> list[ast.stmt]:

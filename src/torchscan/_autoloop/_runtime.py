@@ -83,6 +83,8 @@ class Range:
         r = builtins.range(self.start, self.stop, self.step)
         return iter(reversed(r) if self.reverse else r)
 
+    __iter__ = python
+
 
 def range_(*args: SupportsIndex, reverse: bool = False, sized: bool = True) -> Range:
     """What ``range(*args)`` (``reversed(range(*args))`` with ``reverse``) iterates over;
@@ -115,6 +117,8 @@ class Unbound:
     def python(self) -> Iterator[torch.Tensor]:
         return iter(self.tensor.unbind(self.axis))
 
+    __iter__ = python
+
 
 def unbind(tensor: Any, axis: int = 0) -> Any:
     """``tensor.unbind(axis)`` in a loop's header: kept as an axis to scan where ``tensor`` is a
@@ -129,9 +133,12 @@ class _Zipped:
     parts: tuple[Any, ...]
     enumerated: bool  # enumerate(zip(...)) or enumerate(x)
 
+    def __iter__(self) -> Iterator[Any]:
+        return _python_items(self)
+
 
 def enumerate_(iterable: Any, start: int = 0) -> Any:
-    if start == 0 and _axis_of(iterable) is not None:
+    if start == 0 and (_axis_of(iterable) is not None or isinstance(iterable, _Zipped)):
         return _Zipped((iterable,), True)
     return builtins.enumerate(iterable, start)
 
@@ -262,28 +269,36 @@ def _stacked(value: Any) -> torch.Tensor | None:
     return None
 
 
-def stack(tensors: Any, dim: int = 0, *, out: Any = None) -> torch.Tensor:
+def _dim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The ``dim`` of a ``torch.stack``/``torch.cat`` call (``axis`` too), or None where the
+    call has other arguments (``out=``): then torch runs it as it is."""
+    if len(args) > 1 or set(kwargs) - {"dim", "axis"} or len(kwargs) + len(args) > 1:
+        return None
+    dim = args[0] if args else kwargs.get("dim", kwargs.get("axis", 0))
+    return dim if isinstance(dim, int) else None
+
+
+def stack(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``torch.stack``, which takes a loop's list as the stacked outputs they are."""
-    stacked = _stacked(tensors) if out is None else None
-    if stacked is None:
-        return torch.stack(tensors, dim) if out is None else torch.stack(tensors, dim, out=out)
+    stacked, dim = _stacked(tensors), _dim(args, kwargs)
+    if stacked is None or dim is None:
+        return torch.stack(tensors, *args, **kwargs)
     if not tensors.lazy and not list.__len__(tensors):
         return torch.stack([], dim)  # torch's own error for an empty list
-    return stacked.movedim(0, int(dim))
+    return stacked.movedim(0, dim)
 
 
-def cat(tensors: Any, dim: int = 0, *, out: Any = None) -> torch.Tensor:
+def cat(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``torch.cat``, which takes a loop's list as the stacked outputs they are."""
-    stacked = _stacked(tensors) if out is None else None
-    if stacked is None:
-        return torch.cat(tensors, dim) if out is None else torch.cat(tensors, dim, out=out)
+    stacked, dim = _stacked(tensors), _dim(args, kwargs)
+    if stacked is None or dim is None:
+        return torch.cat(tensors, *args, **kwargs)
     if not tensors.lazy and not list.__len__(tensors):
         return torch.cat([], dim)
     item_dims = stacked.dim() - 1
     if item_dims == 0:
         return torch.cat(list(tensors), dim)  # torch's own error for 0-d tensors
-    d = int(dim)
-    d = d + item_dims if d < 0 else d
+    d = dim + item_dims if dim < 0 else dim
     return stacked.movedim(0, d).flatten(d, d + 1)
 
 
@@ -358,13 +373,16 @@ def _time_axis(iterable: Any) -> _Plan:
             )
         return _Plan(iterable, (), (), "index")
     if isinstance(iterable, _Zipped):
+        inner = iterable.parts[0]
+        if iterable.enumerated and isinstance(inner, _Zipped):
+            if inner.enumerated:
+                raise _Fallback("it enumerates an enumerate")
+            plan = _time_axis(inner)
+            return dataclasses.replace(plan, shape="enumerate-zip")
         axes = tuple(_axis_of(p) for p in iterable.parts)
         tensors = tuple(p.tensor if isinstance(p, Unbound) else p for p in iterable.parts)
-        if iterable.enumerated:
-            if isinstance(iterable.parts[0], _Zipped):
-                raise _Fallback("enumerate of zip")
-            return _Plan(None, tensors, axes, "enumerate")  # type: ignore[arg-type]
-        return _Plan(None, tensors, axes, "tuple")  # type: ignore[arg-type]
+        shape = "enumerate" if iterable.enumerated else "tuple"
+        return _Plan(None, tensors, axes, shape)  # type: ignore[arg-type]
     axis = _axis_of(iterable)
     if axis is None:
         what = type(iterable).__name__
@@ -379,9 +397,10 @@ def _python_items(iterable: Any) -> Iterator[Any]:
     if isinstance(iterable, (Range, Unbound)):
         return iterable.python()
     if isinstance(iterable, _Zipped):
+        if iterable.enumerated:
+            return builtins.enumerate(_python_items(iterable.parts[0]))
         parts = [p.python() if isinstance(p, Unbound) else p for p in iterable.parts]
-        zipped = builtins.zip(*parts, strict=False) if not iterable.enumerated else parts[0]
-        return builtins.enumerate(zipped) if iterable.enumerated else zipped
+        return builtins.zip(*parts, strict=False)
     return iter(iterable)
 
 
@@ -478,7 +497,7 @@ def _scan(
     if plan.index is not None:
         xs, in_axes, reverse, sliced = _range_sequences(plan.index, slices, device)
     else:
-        if plan.shape == "enumerate":
+        if plan.shape in ("enumerate", "enumerate-zip"):
             n = plan.sequences[0].shape[plan.axes[0]]
             xs.append(torch.arange(n, device=device))
             in_axes.append(0)
@@ -498,8 +517,10 @@ def _scan(
             item = x[-1]
         elif shape == "tuple":
             item = tuple(x)
-        else:  # enumerate
+        elif shape == "enumerate":
             item = (x[0], x[1])
+        else:  # enumerate of zip
+            item = (x[0], tuple(x[1:]))
         new, ys = body(item, c)
         return new, ys
 
