@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import dis
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 import torch
 
 from torchscan._autoloop import _rewrite, _runtime
-from torchscan._errors import TorchscanTypeError
+from torchscan._errors import TorchscanTypeError, TorchscanWarning
 
 __all__ = ["LoopReport", "autoloop", "autoloop_report", "autoloop_source"]
 
@@ -98,8 +99,12 @@ def autoloop(obj: Any = None, *, strict: bool = False) -> Any:
     Returns:
         The converted function or method, or the module.
 
+    A function whose source cannot be read (defined by ``exec`` or at the interactive prompt)
+    is left as it is, with a :class:`torchscan.TorchscanWarning`.
+
     Raises:
-        TypeError: ``obj`` is none of the above, or, with ``strict``, a time loop stays Python.
+        TypeError: ``obj`` is none of the above, or, with ``strict``, a time loop stays Python
+            or a function's source cannot be read.
     """
     if obj is None:
         return lambda f: autoloop(f, strict=strict)
@@ -115,18 +120,21 @@ def autoloop(obj: Any = None, *, strict: bool = False) -> Any:
     )
 
 
-def _convert_function(fn: types.FunctionType, strict: bool) -> Callable[..., Any]:
+def _convert_function(
+    fn: types.FunctionType, strict: bool, stacklevel: int = 3
+) -> Callable[..., Any]:
     if getattr(fn, "__autoloop_original__", None) is not None:
         return fn  # converted already
     try:
         new, loops, source = _rewrite.convert(fn, strict)
     except _rewrite.NotConvertible as error:
+        message = f"{_API}: {fn.__qualname__} cannot be converted: {error}"
         if strict:
-            raise TorchscanTypeError(
-                f"{_API}: {fn.__qualname__} cannot be converted: {error}"
-            ) from None
-        loops, source = [], ""
-        new = fn
+            raise TorchscanTypeError(message) from None
+        warnings.warn(
+            message + "; its loops stay as they are", TorchscanWarning, stacklevel=stacklevel
+        )
+        return fn
     if new is not fn:
         new.__autoloop_original__ = fn  # type: ignore[attr-defined]
         new.__autoloop_source__ = source  # type: ignore[attr-defined]
@@ -146,17 +154,15 @@ def _convert_module(module: torch.nn.Module, strict: bool) -> None:
                     continue
                 if not _has_for(value):
                     continue
-                converted = _convert_function(value, strict)
+                converted = _convert_function(value, strict, stacklevel=4)
                 if converted is not value:
                     object.__setattr__(sub, name, types.MethodType(converted, sub))
 
 
 def _has_for(fn: types.FunctionType) -> bool:
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False
-    return "for " in source
+    """Whether ``fn`` has a ``for`` statement of its own (read from its bytecode, which needs
+    no source)."""
+    return any(i.opname == "FOR_ITER" for i in dis.get_instructions(fn.__code__))
 
 
 def _loops_of(obj: Any) -> list[tuple[Callable[..., Any], list[_runtime.Loop]]]:
