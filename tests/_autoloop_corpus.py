@@ -197,6 +197,24 @@ class Private(_Scaled):
         return torch.stack(outs), h
 
 
+class NoneState(nn.Module):
+    """a state that is None before the loop (the first step makes it), a loss from 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(F, H)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = None
+        loss = 0
+        outs = []
+        for x_t in x:
+            h = self.cell(x_t, h)
+            loss = loss + h.pow(2).mean()
+            outs.append(h)
+        return torch.stack(outs), h, loss
+
+
 def _decay(x: torch.Tensor, alpha: float) -> torch.Tensor:
     y = x[0] * 0
     for x_t in x:
@@ -297,6 +315,7 @@ PROGRAMS: dict[str, Program] = {
     ),
     "zip": Program(Zipped, lambda n: (_x(n), torch.rand(n, B, 1))),
     "offset": Program(Offset, lambda n: (_x(n + 1),)),
+    "none-state": Program(NoneState, lambda n: (_x(n),), empty_raises=True),
     "private": Program(Private, lambda n: (_x(n), _x(n) + 1), empty_raises=True),
     "helper": Program(Helper, lambda n: (_x(n),), empty_raises=True),
     "function": Program(Function, lambda n: (_x(n + 1),)),
@@ -306,6 +325,8 @@ PROGRAMS: dict[str, Program] = {
     "in-place": Program(
         InPlace, lambda n: (_x(n), torch.randn(B, F)), False, "changes the carried `h` in place"
     ),
-    "counter": Program(Counter, lambda n: (_x(n + 1),), False, "`count` is an int before the loop"),
+    "counter": Program(
+        Counter, lambda n: (_x(n + 1),), False, "`count` is an int after the first step"
+    ),
     "attribute": Program(Attribute, lambda n: (_x(n + 1),), False, "sets the attribute"),
 }

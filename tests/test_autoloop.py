@@ -215,7 +215,7 @@ def test_strict_refuses_a_time_loop_that_stays_python_at_conversion() -> None:
 
 def test_strict_refuses_a_time_loop_that_runs_as_python() -> None:
     module = torchscan.autoloop(corpus.Counter(), strict=True)
-    with pytest.raises(TypeError, match="runs as Python: `count` is an int before the loop"):
+    with pytest.raises(TypeError, match="runs as Python: `count` is an int after the first step"):
         module(torch.randn(3, 2, 3))
 
 
@@ -258,17 +258,38 @@ def test_the_lists_of_a_scan_are_lists() -> None:
     torch.testing.assert_close(got[2], want[2], rtol=0, atol=0)
 
 
-def test_a_carry_unbound_before_the_loop_runs_as_python() -> None:
-    def last_of(x: torch.Tensor) -> torch.Tensor:
+def test_a_carry_unbound_before_the_loop_is_bound_by_the_first_step() -> None:
+    def last_of(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outs = []
         for x_t in x:
-            last = x_t * 2
-        return last
+            last = x_t * 2 + (last if x_t.sum() > 100 else 0)  # noqa: F821 (bound by step 1)
+            outs.append(last)
+        return last, torch.stack(outs)
 
     converted = torchscan.autoloop(last_of)
     x = torch.randn(3, 2)
-    torch.testing.assert_close(converted(x), x[-1] * 2, rtol=0, atol=0)
+    torch.testing.assert_close(converted(x), (x[-1] * 2, x * 2), rtol=0, atol=0)
+    assert [r.converted for r in torchscan.autoloop_report(converted)] == [True]
     with pytest.raises(UnboundLocalError):
         converted(torch.randn(0, 2))
+    with pytest.raises(UnboundLocalError, match="'last'"):  # read at the first step, as Python
+        converted(torch.full((3, 2), 100.0))
+
+
+def test_a_python_number_before_the_loop_becomes_a_tensor_at_the_first_step() -> None:
+    def total_loss(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = 0
+        h = None
+        for x_t, y_t in zip(x, target):  # noqa: B905 (as written)
+            h = torch.tanh(x_t if h is None else x_t + h)
+            loss = loss + ((h - y_t) ** 2).mean()
+        return loss
+
+    converted = torchscan.autoloop(total_loss)
+    x, target = torch.randn(5, 2, 3), torch.randn(5, 2, 3)
+    torch.testing.assert_close(converted(x, target), total_loss(x, target), rtol=0, atol=0)
+    assert [r.converted for r in torchscan.autoloop_report(converted)] == [True]
+    assert converted(x[:0], target[:0]) == 0
 
 
 def test_a_list_made_while_torch_traces_can_only_be_stacked() -> None:

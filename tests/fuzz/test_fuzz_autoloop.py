@@ -138,8 +138,8 @@ def test_converted_loops_compute_as_written(fuzz_settings) -> None:
                     outcomes["scan" if row.converted else row.reason] += 1
 
     run()
-    # most run as scans (those that stay Python read a temporary after the loop, unbound
-    # before it)
+    # most run as scans (a temporary read after the loop is bound by the first step, run as
+    # Python)
     assert outcomes["scan"] >= sum(outcomes.values()) // 2, outcomes
 
 

@@ -78,9 +78,11 @@ def autoloop(obj: Any = None, *, strict: bool = False) -> Any:
     the loop is given, as TensorFlow's AutoGraph decides. A ``range`` whose bounds come from a
     tensor's size (``x.shape[0]``, ``x.size(1)``, ``len(x)``, or a name assigned from one)
     and a tensor's rows (also through ``unbind``, ``enumerate`` and ``zip``) are time axes; a
-    range of Python numbers, an ``nn.ModuleList`` or a list stay Python loops. A loop also runs
-    as Python, with the reason in :func:`autoloop_report`, where a carry is not a tensor (or a
-    pytree of tensors) before it, or where :func:`torchscan.scan` refuses its step; a loop
+    range of Python numbers, an ``nn.ModuleList`` or a list stay Python loops. A carry that is
+    ``None``, a Python number or unbound before the loop is made by the first step, run as
+    Python, and the scan runs the others. A loop also runs as Python, with the reason in
+    :func:`autoloop_report`, where a carry is still not a tensor (or a pytree of tensors) after
+    its first step, or where :func:`torchscan.scan` refuses its step; a loop
     whose body ``break``\\ s, ``continue``\\ s, returns, sets attributes, writes into tensors at
     an index or changes a carry in place is never converted, since its meaning as a scan could
     differ. In a run that torch traces (``torch.export``, ``torch.onnx.export``), a converted

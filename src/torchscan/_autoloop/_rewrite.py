@@ -206,6 +206,7 @@ class _Loops(ast.NodeTransformer):
                     ast.Assign([_tuple(info.carries, ast.Store())], _name(_CARRY)), node
                 )
             )
+            body.extend(_unbind_undefined(info.carries, node))  # read: UnboundLocalError
         for stmt in node.body:
             name = next((n for n in info.lists if appended[n] is stmt), None)
             if name is None:
@@ -290,19 +291,26 @@ class _Loops(ast.NodeTransformer):
                 node,
             )
         )
-        for name in info.carries:  # unbound after the loop where it was before and no step ran
-            out.append(
-                ast.copy_location(
-                    ast.If(
-                        test=ast.Compare(_name(name), [ast.Is()], [_runtime_attr("UNDEFINED")]),
-                        body=[ast.Delete([_name(name, ast.Del())])],
-                        orelse=[],
-                    ),
-                    node,
-                )
-            )
+        # unbound after the loop where it was before and no step ran
+        out.extend(_unbind_undefined(info.carries, node))
         out.extend(node.orelse)
         return out
+
+
+def _unbind_undefined(names: tuple[str, ...], where: ast.AST) -> list[ast.stmt]:
+    """``if name is UNDEFINED: del name`` for each of ``names``: a carry that was not bound is
+    not bound, and reading it raises what Python raises."""
+    return [
+        ast.copy_location(
+            ast.If(
+                test=ast.Compare(_name(name), [ast.Is()], [_runtime_attr("UNDEFINED")]),
+                body=[ast.Delete([_name(name, ast.Del())])],
+                orelse=[],
+            ),
+            where,
+        )
+        for name in names
+    ]
 
 
 def _no_type_params(node: ast.stmt) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, SupportsIndex
@@ -330,7 +331,7 @@ def for_(
         plan = _time_axis(iterable)
         if any(list.__len__(items) for items in lists):
             raise _Fallback("a list the loop appends to is not empty before it")
-        return _scan(loop, plan, body, carry, lists, slices)
+        return _scan(loop, plan, iterable, body, carry, lists, slices)
     except _Fallback as reason:
         if loop.strict and plan_is_time(iterable):
             if reason.error is not None:
@@ -339,10 +340,15 @@ def for_(
                 f"{API}: the loop of {loop.where()} runs as Python: {reason}"
             ) from None
         _record(loop, False, str(reason))
-        items = _python_items(iterable)
-        if slices:
-            items = ((t, *[_take(s, a, t) for s, a in slices]) for t in items)
-        return _python(items, body, carry, lists)
+        return _python(_python_iteration(iterable, slices), body, carry, lists)
+
+
+def _python_iteration(iterable: Any, slices: tuple[tuple[Any, int], ...]) -> Iterator[Any]:
+    """What the body is given at each step of the Python loop."""
+    items = _python_items(iterable)
+    if slices:
+        return ((t, *[_take(s, a, t) for s, a in slices]) for t in items)
+    return items
 
 
 def plan_is_time(iterable: Any) -> bool:
@@ -469,6 +475,7 @@ def _take(sequence: Any, axis: int, index: int) -> Any:
 def _scan(
     loop: Loop,
     plan: _Plan,
+    iterable: Any,
     body: Callable[[Any, tuple[Any, ...]], tuple[tuple[Any, ...], tuple[Any, ...]]],
     carry: tuple[Any, ...],
     lists: tuple[list[Any], ...],
@@ -479,16 +486,6 @@ def _scan(
     for sequence, _ in slices:
         if not isinstance(sequence, torch.Tensor):
             raise _Fallback(f"it indexes a {type(sequence).__name__} at the step number")
-    for name, value in builtins.zip(loop.carries, carry, strict=True):
-        if value is UNDEFINED:
-            raise _Fallback(f"`{name}` is not bound before the loop")
-        if not _is_tensor_tree(value):
-            kind = type(value).__name__
-            article = "an" if kind[:1] in "aeiou" else "a"
-            raise _Fallback(
-                f"`{name}` is {article} {kind} before the loop, not a tensor or a pytree of "
-                "tensors: make it a tensor before the loop (torch.tensor(0))"
-            )
     device = _first_device(carry, plan.sequences, slices)
     xs: list[Any] = []
     in_axes: list[int] = []
@@ -530,6 +527,32 @@ def _scan(
     }
     if len(lengths) > 1:
         raise _Fallback("the sequences it zips have different lengths")
+    first: tuple[Any, ...] | None = None
+    reason = _not_a_carry(loop.carries, carry)
+    if reason is not None:  # the first step as Python runs it, the others scanned from its carry
+        n = xs[0].shape[in_axes[0]]
+        if isinstance(n, int) and n == 0:
+            raise _Fallback(reason)
+        torch._check(n > 0, lambda: f"{API}: {reason}, and the loop at {loop.where()} ran no step")
+        first_index = n - 1 if reverse else 0
+        x0 = tuple(t.select(a, first_index) for t, a in builtins.zip(xs, in_axes, strict=True))
+        carry, first_ys = step(carry, x0)
+        first = first_ys
+        xs = [
+            t.narrow(a, 0 if reverse else 1, n - 1)
+            for t, a in builtins.zip(xs, in_axes, strict=True)
+        ]
+        reason = _not_a_carry(loop.carries, carry, "after the first step")
+        if reason is not None:  # the other steps in Python too
+            if loop.strict:
+                raise TorchscanTypeError(
+                    f"{API}: the loop of {loop.where()} runs as Python: {reason}"
+                )
+            _record(loop, False, reason)
+            for items, y in builtins.zip(lists, first_ys, strict=True):
+                items.append(y)
+            rest = itertools.islice(_python_iteration(iterable, slices), 1, None)
+            return _python(rest, body, carry, lists)
     try:
         options: dict[str, Any] = {"in_reverse": True} if reverse else {}  # in step order
         new, ys = scan(step, carry, tuple(xs), in_axes=tuple(in_axes), **options)
@@ -540,8 +563,30 @@ def _scan(
             f"its step failed as a scan ({type(error).__name__}: {_first_line(error)})", error
         ) from None
     lazy = _LAZY.format(api=API, where=loop.where()) if _symbolic(xs[0], in_axes[0]) else ""
+    if first is not None:
+        ys = pytree.tree_map(lambda y0, y: torch.cat([y0.unsqueeze(0), y]), first, ys)
     _record(loop, True, "")
     return new, tuple(StackedList._of(y, lazy) for y in ys)
+
+
+def _not_a_carry(
+    names: tuple[str, ...], carry: tuple[Any, ...], when: str = "before the loop"
+) -> str | None:
+    """Why a value of the carry cannot be a scan's (unbound, not a tensor or a pytree of
+    tensors), or None."""
+    for name, value in builtins.zip(names, carry, strict=True):
+        if value is UNDEFINED:
+            return f"`{name}` is not bound {when}"
+        if value is None:  # as `h = None`, a state the first step makes
+            return f"`{name}` is None {when}"
+        if not _is_tensor_tree(value):
+            kind = type(value).__name__
+            article = "an" if kind[:1] in "aeiou" else "a"
+            return (
+                f"`{name}` is {article} {kind} {when}, not a tensor or a pytree of tensors: "
+                "make it a tensor before the loop (torch.tensor(0))"
+            )
+    return None
 
 
 def _symbolic(t: torch.Tensor, axis: int) -> bool:
@@ -549,10 +594,13 @@ def _symbolic(t: torch.Tensor, axis: int) -> bool:
 
 
 def _first_line(error: BaseException) -> str:
+    """The first line of an error's message (and the next, where the first ends with a
+    colon), without the API's name."""
     text = str(error)
     if text.startswith("torchscan.scan: "):
         text = text[len("torchscan.scan: ") :]
-    return text.split("\n")[0]
+    lines = [line.strip() for line in text.split("\n") if line.strip()] or [""]
+    return " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
 
 
 def kept(loop: Loop, iterable: Any) -> Any:
