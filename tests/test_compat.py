@@ -116,6 +116,11 @@ def _vmap_control_flow() -> None:
     assert str(info.value).startswith(_compat.VMAP_CONTROL_FLOW_ERROR)
 
 
+def test_the_distribution_check_operator_is_torchs() -> None:
+    # the name torch's operator has in the nodes of an exported program
+    assert str(torch.ops.aten._is_all_true.default) == _compat.DISTRIBUTION_CHECK_OPERATOR
+
+
 class _Reads(torch.nn.Module):
     def forward(self, x):
         y = x * 2  # <made>

@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # imported where first needed, as the modules below say
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 __all__ = [
+    "DISTRIBUTION_CHECK_OPERATOR",
     "DYNAMO_CONSTANT_MARK",
     "ONNX_EXPORTER_MODULE",
     "ONNX_SIGNATURE_WARNING",
@@ -118,6 +119,11 @@ VMAP_CONTROL_FLOW_ERROR = (
 )
 """The start of the error torch.func.vmap raises for ``bool()`` of a batched tensor (C++ text,
 checked by tests/test_compat.py): what a loop that stops with ``until`` meets under vmap."""
+
+DISTRIBUTION_CHECK_OPERATOR = "aten._is_all_true.default"
+"""The operator a ``torch.distributions`` object checks its arguments with (validate_args):
+from torch 2.15, while torch exports, it asserts its result at run time rather than reading it,
+and torch.onnx has no translation of it."""
 
 ONNX_SIGNATURE_WARNING = (
     "torch.onnx._internal.exporter._registration",

@@ -23,11 +23,16 @@ TORCHSCAN_FILES = os.path.join(Path(__file__).parent, "")
 
 TORCH_DISTRIBUTIONS_FILES = os.path.join(TORCH_FILES, "distributions", "")
 
+DISTRIBUTIONS_FIX = (
+    "make it with validate_args=False (torch.distributions.Normal(loc, scale, "
+    "validate_args=False)), or turn the checks off for every distribution with "
+    "torch.distributions.Distribution.set_default_validate_args(False)."
+)
+"""How to make a ``torch.distributions`` object that does not check its arguments."""
+
 DISTRIBUTIONS_REMEDY = (
     "torch.distributions checks the values of a distribution's arguments when it is made "
-    "(validate_args), which reads them: make it with validate_args=False "
-    "(torch.distributions.Normal(loc, scale, validate_args=False)), or turn the checks off for "
-    "every distribution with torch.distributions.Distribution.set_default_validate_args(False)."
+    f"(validate_args), which reads them: {DISTRIBUTIONS_FIX}"
 )
 """The remedy for a step whose ``torch.distributions`` object reads its arguments' values."""
 

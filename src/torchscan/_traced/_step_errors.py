@@ -24,6 +24,7 @@ import torch
 from torchscan import _compat
 from torchscan._errors import ExportError
 from torchscan._source import (
+    DISTRIBUTIONS_FIX,
     DISTRIBUTIONS_REMEDY,
     TORCHSCAN_FILES,
     StepSource,
@@ -264,6 +265,12 @@ def untranslatable(node: torch.fx.Node) -> ExportError | None:
     called = str(node.meta.get("original_aten") or op)
     where = _where(step, _node_frames(node))
     decomposed = f" (torch decomposes it into {op}, which has none)" if called != op else ""
+    if called == _compat.DISTRIBUTION_CHECK_OPERATOR:
+        return ExportError(
+            f"{step.who} makes a torch.distributions object that checks its arguments (validate_"
+            f"args){where}: torch exports the check as an assertion at run time ({called}), which "
+            f"torch.onnx cannot translate to ONNX. To export it, {DISTRIBUTIONS_FIX}"
+        )
     if any(_is_complex(arg) for arg in [*node.args, *node.kwargs.values()]):
         return ExportError(
             f"{step.who} calls {called} on a complex tensor{where}, which torch.onnx cannot "
