@@ -22,6 +22,8 @@ from .onnx._runtimes import run_onnxruntime
 
 NAMES = list(corpus.PROGRAMS)
 CONVERTING = [n for n in NAMES if corpus.PROGRAMS[n].converts]
+DIFFERENTIABLE = [n for n in CONVERTING if corpus.PROGRAMS[n].differentiable]
+EXPORTING = [n for n in CONVERTING if not corpus.PROGRAMS[n].export_error]
 LENGTHS = [0, 1, 5]
 
 
@@ -45,12 +47,17 @@ def run(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> object:
         return error
 
 
-def _grads(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-    out = module(*inputs)
-    leaves = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
-    total = sum((o.float() * (k + 1)).sum() for k, o in enumerate(leaves) if o.is_floating_point())
-    params = list(module.parameters())
-    wrt = [*[i for i in inputs if i.requires_grad], *params]
+def _grads(
+    module: torch.nn.Module, leaves: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]
+) -> list[torch.Tensor]:
+    """The gradients to ``leaves`` and the parameters of a weighted sum of the outputs; the
+    module's floating inputs made from the leaves anew (not leaves: a loop may change them in
+    place)."""
+    made = iter(leaves)
+    out = module(*[next(made) * 1 if i.is_floating_point() else i for i in inputs])
+    outputs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+    total = sum((o.float() * (k + 1)).sum() for k, o in enumerate(outputs) if o.is_floating_point())
+    wrt = [*leaves, *module.parameters()]
     return list(torch.autograd.grad(total, wrt, allow_unused=True))  # type: ignore[arg-type]
 
 
@@ -60,8 +67,8 @@ def test_the_converted_module_computes_as_the_original(name: str, n: int) -> Non
     program = corpus.PROGRAMS[name]
     original, converted = pair(name)
     inputs = program.inputs(n)
-    before = [i.clone() for i in inputs]
-    want = run(original, tuple(i.clone() for i in inputs))
+    theirs = tuple(i.clone() for i in inputs)
+    want = run(original, theirs)
     got = run(converted, inputs)
     if isinstance(want, RuntimeError):
         assert isinstance(got, RuntimeError)
@@ -70,9 +77,9 @@ def test_the_converted_module_computes_as_the_original(name: str, n: int) -> Non
         assert program.empty_raises
         return
     torch.testing.assert_close(got, want, rtol=0, atol=0)
-    if name != "in-place":  # which changes its input, as the original does
-        for b, i in zip(before, inputs, strict=True):
-            assert torch.equal(b, i)
+    # the inputs as the original left them (unchanged, or changed in place alike)
+    for mine, original_input in zip(inputs, theirs, strict=True):
+        assert torch.equal(mine, original_input)
     report = torchscan.autoloop_report(converted)
     if name == "function":  # the loop is in a function the module calls
         report += torchscan.autoloop_report(corpus.DECAY)
@@ -84,23 +91,24 @@ def test_the_converted_module_computes_as_the_original(name: str, n: int) -> Non
         assert any(program.reason in r.reason for r in report), report
 
 
-@pytest.mark.parametrize("name", CONVERTING)
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
 def test_gradients_match_the_original_at_every_call(name: str) -> None:
     """At the first call (the step run as written) and the third (hoisted, its work on x
     batched over the steps: within rounding)."""
     program = corpus.PROGRAMS[name]
     original, converted = pair(name)
-    inputs = [i.requires_grad_() for i in program.inputs(4)]
-    want = _grads(original, tuple(inputs))
+    inputs = program.inputs(4)
+    leaves = tuple(i.clone().requires_grad_() for i in inputs if i.is_floating_point())
+    want = _grads(original, leaves, inputs)
     for _ in range(3):
         _hoist.last.what = ""
-        got = _grads(converted, tuple(inputs))
+        got = _grads(converted, leaves, inputs)
         for g, w in zip(got, want, strict=True):
             if w is None:
                 assert g is None
             else:
                 torch.testing.assert_close(g, w)
-    assert _hoist.last.what == "hoisted"
+    assert (_hoist.last.what == "hoisted") == program.hoists, _hoist.last.reason
 
 
 def _dynamic(name: str) -> tuple[dict[int, torch.export.Dim], ...]:
@@ -128,21 +136,29 @@ def exported(name: str) -> onnx.ModelProto:
     return _EXPORTS[name]
 
 
-@pytest.mark.parametrize("name", CONVERTING)
+@pytest.mark.parametrize("name", EXPORTING)
 def test_the_unchanged_model_exports_one_scan_per_loop_with_a_dynamic_length(name: str) -> None:
     model = exported(name)
     loops = [n.op_type for n in model.graph.node if n.op_type in ("Scan", "Loop")]
-    assert len(loops) == 1, [n.op_type for n in model.graph.node]
-    original, _ = pair(name)
     program = corpus.PROGRAMS[name]
+    assert len(loops) == program.loops, [n.op_type for n in model.graph.node]
+    original, _ = pair(name)
     for n in (2, 7):
         inputs = program.inputs(n)
+        runs = run_onnxruntime(model, inputs)  # before the original, which may change them
         want = torch.utils._pytree.tree_leaves(original(*inputs))
-        runs = run_onnxruntime(model, inputs)
         assert len(runs) == 2  # the default and disabled optimizations
         for got in runs.values():
             for g, w in zip(got, want, strict=True):
                 torch.testing.assert_close(torch.as_tensor(g), w.detach())
+
+
+@pytest.mark.parametrize("name", [n for n in CONVERTING if n not in EXPORTING])
+def test_a_step_that_cannot_be_exported_is_refused_naming_its_line(name: str) -> None:
+    with pytest.raises(torchscan.ExportError) as info:
+        exported(name)
+    assert corpus.PROGRAMS[name].export_error in str(info.value)
+    assert f"{corpus.__file__}:" in str(info.value)
 
 
 def test_the_layer_loop_in_the_step_stays_python_and_the_time_loop_converts() -> None:
@@ -209,8 +225,8 @@ def test_the_decorator_form() -> None:
 
 
 def test_strict_refuses_a_time_loop_that_stays_python_at_conversion() -> None:
-    with pytest.raises(TypeError, match=r"line \d+\) stays Python: `break` leaves the loop"):
-        torchscan.autoloop(corpus.Stops(), strict=True)
+    with pytest.raises(TypeError, match=r"line \d+\) stays Python: `continue` skips the rest"):
+        torchscan.autoloop(corpus.Skips(), strict=True)
 
 
 def test_strict_refuses_a_time_loop_that_runs_as_python() -> None:

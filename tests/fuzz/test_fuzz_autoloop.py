@@ -5,8 +5,11 @@ Each program is a function of ``x`` (the sequence, time first), ``a`` (a capture
 ``flag`` (a Python bool) whose ``for`` loop runs over a range of ``x``'s size, its rows,
 ``enumerate``, ``zip`` or a reversed range; its body assigns carries, temporaries and lists
 from a menu of statements (updates from the step's slice, from other carries and temporaries,
-swaps, updates under a Python ``if``, appends), and the function returns every carry and
-every list stacked. Converted or kept, the function must compute what it computed."""
+swaps, updates under a Python ``if``, appends, ``+=`` on a carry, writes into a buffer at the
+step number, from the row before or not, tests of the step number, and an ``if ...: break`` on
+a carry's value), and the
+function returns every carry, every list stacked and the buffer. Converted or kept, the
+function must compute what it computed."""
 
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class LoopProgram:
     carries: tuple[str, ...]
     lists: tuple[str, ...]
     temporaries_read_after: tuple[str, ...]
+    buffer: bool = False
 
     def source(self) -> str:
         head, _ = HEADERS[self.header]
@@ -49,10 +53,14 @@ class LoopProgram:
             f"    {c} = x.new_full(({B}, {F}), {k + 1}.0)" for k, c in enumerate(self.carries)
         ]
         lines += [f"    {name} = []" for name in self.lists]
+        if self.buffer:
+            lines += [f"    buf = x.new_zeros(x.shape[0], {B}, {F})"]
         lines += [f"    {head}"]
         lines += [f"        {s}" for s in self.body] or ["        pass"]
         results = [*self.carries, *(f"torch.stack({n})" for n in self.lists)]
         results += list(self.temporaries_read_after)
+        if self.buffer:
+            results.append("buf")
         lines += [f"    return ({', '.join(results)},)"]
         return "\n".join(lines) + "\n"
 
@@ -65,10 +73,11 @@ def loop_programs(draw: st.DrawFn) -> LoopProgram:
     lists: list[str] = []
     temporaries: list[str] = []
     body: list[str] = []
+    buffer = stops = False
+    kinds = ["update", "temporary", "from-temporary", "swap", "flag", "append", "augment"]
+    kinds += ["buffer", "break", "step-test"]
     for _ in range(draw(st.integers(1, 6))):
-        kind = draw(
-            st.sampled_from(["update", "temporary", "from-temporary", "swap", "flag", "append"])
-        )
+        kind = draw(st.sampled_from(kinds))
         target, source = draw(st.sampled_from(carries)), draw(st.sampled_from(carries))
         if kind == "update":
             body.append(f"{target} = torch.tanh({source} * a + {slice_})")
@@ -86,8 +95,24 @@ def loop_programs(draw: st.DrawFn) -> LoopProgram:
             name = f"out{len(lists)}"
             lists.append(name)
             body.append(f"{name}.append({draw(st.sampled_from([*carries, *temporaries]))} * 2)")
+        elif kind == "augment":
+            body.append(f"{target} += {slice_} * 0.5")
+        elif kind == "buffer" and not buffer and HEADERS[header][0].split()[1].rstrip(",") == "t":
+            buffer = True
+            previous = draw(st.booleans())
+            value = f"buf[t - 1] * 0.5 + {source}" if previous else f"{source} * 2"
+            body.append(f"buf[t] = {value}")
+        elif kind == "step-test" and HEADERS[header][0].split()[1] == "t":
+            test = draw(st.sampled_from(["t == 0", "t > 1", "t == len(x) - 1", "t != 2"]))
+            if draw(st.booleans()):
+                body.append(f"if {test}: {target} = {target} * 0.5 - {source}")
+            else:
+                body.append(f"{target} = {target} + {source} if {test} else {target} - 0.25")
+        elif kind == "break" and not stops:
+            stops = True
+            body.append(f"if {source}.sum() > {draw(st.sampled_from([4, 8, 16]))}: break")
     read_after = tuple(t for t in temporaries if draw(st.booleans()))
-    return LoopProgram(header, tuple(body), carries, tuple(lists), read_after)
+    return LoopProgram(header, tuple(body), carries, tuple(lists), read_after, buffer)
 
 
 def _compile(program: LoopProgram):

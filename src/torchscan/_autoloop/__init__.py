@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import inspect
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -150,21 +152,114 @@ def _convert_module(module: torch.nn.Module, strict: bool) -> None:
             if cls.__module__.startswith("torch.") or cls is object:
                 continue
             for name, value in vars(cls).items():
-                if not isinstance(value, types.FunctionType) or name in sub.__dict__:
+                if name in sub.__dict__:
                     continue
                 if name.startswith("__") and name.endswith("__") and name != "__call__":
                     continue
-                if not _has_for(value):
-                    continue
-                converted = _convert_function(value, strict, stacklevel=4)
-                if converted is not value:
-                    object.__setattr__(sub, name, types.MethodType(converted, sub))
+                converted = _convert_member(sub, cls, name, value, strict)
+                if converted is not None:
+                    object.__setattr__(sub, name, converted)
 
 
-def _has_for(fn: types.FunctionType) -> bool:
-    """Whether ``fn`` has a ``for`` statement of its own (read from its bytecode, which needs
-    no source)."""
-    return any(i.opname == "FOR_ITER" for i in dis.get_instructions(fn.__code__))
+def _convert_member(module: torch.nn.Module, cls: type, name: str, value: Any, strict: bool) -> Any:
+    """What replaces the attribute ``name`` of ``module`` (``value`` in ``cls``): its method,
+    static method or class method converted, or None where it has no loop. A function wrapped by
+    a decorator (``@torch.no_grad()``) is converted where the wrapper holds it in its closure,
+    and wrapped again; else its loops are reported as kept."""
+    kind = "method"
+    if isinstance(value, (staticmethod, classmethod)):
+        kind = "static" if isinstance(value, staticmethod) else "class"
+        value = value.__func__
+    if not isinstance(value, types.FunctionType):
+        return None
+    inner = inspect.unwrap(value)
+    if not isinstance(inner, types.FunctionType) or not _has_loop(inner):
+        return None
+    converted = _convert_function(inner, strict, stacklevel=5)
+    if converted is inner:
+        return None
+    if inner is not value:
+        rewrapped = _rewrapped(value, inner, converted)
+        if rewrapped is None:
+            _keep_wrapped(module, inner, strict)
+            return None
+        converted = rewrapped
+    if kind == "static":
+        return converted
+    return types.MethodType(converted, cls if kind == "class" else module)
+
+
+def _rewrapped(
+    wrapper: types.FunctionType, inner: types.FunctionType, converted: Callable[..., Any]
+) -> types.FunctionType | None:
+    """``wrapper`` made anew around ``converted`` where it holds ``inner`` in a cell of its
+    closure (as ``functools.wraps`` decorators do), else None."""
+    if wrapper.__wrapped__ is not inner:  # type: ignore[attr-defined]
+        return None
+    cells = wrapper.__closure__ or ()
+    holding = [k for k, cell in enumerate(cells) if _contents(cell) is inner]
+    if not holding:
+        return None
+    closure = tuple(
+        types.CellType(converted) if k in holding else cell for k, cell in enumerate(cells)
+    )
+    new = types.FunctionType(
+        wrapper.__code__, wrapper.__globals__, wrapper.__name__, wrapper.__defaults__, closure
+    )
+    new.__kwdefaults__ = wrapper.__kwdefaults__
+    new.__dict__.update(wrapper.__dict__)
+    new.__wrapped__ = converted  # type: ignore[attr-defined]
+    new.__qualname__, new.__module__, new.__doc__ = (
+        wrapper.__qualname__,
+        wrapper.__module__,
+        wrapper.__doc__,
+    )
+    for attribute in ("__autoloop_original__", "__autoloop_source__", "__autoloop_loops__"):
+        setattr(new, attribute, getattr(converted, attribute))
+    return new
+
+
+def _contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+_KEPT: weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[Any, list[_runtime.Loop]]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The functions of a module that a decorator hides, with their loops, reported as kept."""
+
+
+def _keep_wrapped(module: torch.nn.Module, inner: types.FunctionType, strict: bool) -> None:
+    reason = (
+        "the function is wrapped by a decorator that does not hold it in its closure: apply "
+        "torchscan.autoloop to the function before decorating it"
+    )
+    message = f"{_API}: {inner.__qualname__} cannot be converted: {reason}"
+    if strict:
+        raise TorchscanTypeError(message)
+    warnings.warn(message + "; its loops stay as they are", TorchscanWarning, stacklevel=6)
+    try:
+        lines = [loop.lineno for loop in _rewrite.own_loops(_rewrite.function_tree(inner))]
+    except _rewrite.NotConvertible:
+        lines = [inner.__code__.co_firstlineno]
+    filename = inner.__code__.co_filename
+    loops = [_runtime.Loop(inner.__qualname__, filename, n, (), (), reason=reason) for n in lines]
+    _KEPT.setdefault(module, []).append((inner, loops))
+
+
+def _has_loop(fn: types.FunctionType) -> bool:
+    """Whether ``fn`` has a ``for`` or ``while`` statement of its own (read from its bytecode,
+    which needs no source: a ``FOR_ITER``, or a jump back)."""
+    for instruction in dis.get_instructions(fn.__code__):
+        if instruction.opname == "FOR_ITER":
+            return True
+        target = instruction.argval if "JUMP" in instruction.opname else None
+        if isinstance(target, int) and target <= instruction.offset:
+            return True
+    return False
 
 
 def _loops_of(obj: Any) -> list[tuple[Callable[..., Any], list[_runtime.Loop]]]:
@@ -172,10 +267,11 @@ def _loops_of(obj: Any) -> list[tuple[Callable[..., Any], list[_runtime.Loop]]]:
     if isinstance(obj, torch.nn.Module):
         for sub in obj.modules():
             for value in vars(sub).values():
-                if isinstance(value, types.MethodType):
-                    loops = getattr(value.__func__, "__autoloop_loops__", None)
-                    if loops is not None:
-                        found.append((value.__func__, loops))
+                fn = value.__func__ if isinstance(value, types.MethodType) else value
+                loops = getattr(fn, "__autoloop_loops__", None)
+                if loops is not None:
+                    found.append((fn, loops))
+            found.extend(_KEPT.get(sub, []))
         return found
     fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
     loops = getattr(fn, "__autoloop_loops__", None)
@@ -209,4 +305,5 @@ def autoloop_source(obj: Any) -> str:
     Raises:
         TypeError: ``obj`` was not converted.
     """
-    return "\n\n".join(fn.__autoloop_source__ for fn, _ in _loops_of(obj))  # type: ignore[attr-defined]
+    sources = [getattr(fn, "__autoloop_source__", None) for fn, _ in _loops_of(obj)]
+    return "\n\n".join(source for source in sources if source is not None)

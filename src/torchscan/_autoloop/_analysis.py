@@ -31,22 +31,84 @@ class LoopForm:
     taken from a tensor's size (a time loop) rather than from Python numbers (layers, heads).
     """
 
-    kind: str
+    kind: str  # "range", "iterable" or "while"
     reverse: bool = False
     sized: bool = False
     lengths: tuple[ast.expr, ...] = ()  # of len(...) in a range's bounds: sized where tensors
 
 
 @dataclasses.dataclass(frozen=True)
+class BufferWrite:
+    """A statement of a loop's body that writes into a tensor made before the loop at the step
+    number (``out[:, t] = v``, ``out[t] += v``): ``carried`` where the body also reads the
+    tensor (the whole tensor is then a carry), else its values are the scan's outputs, written
+    into it after the loop."""
+
+    name: str
+    axis: int
+    stmt: ast.stmt = dataclasses.field(compare=False, repr=False)
+    carried: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTest:
+    """A test of the step number against a value the loop does not change (``if t == 0:``,
+    ``h = a if t < n - 1 else b``): ``op`` as the comparison reads with the step number on the
+    left (``"lt"``), ``other`` the value compared with, ``node`` the test itself."""
+
+    op: str
+    other: ast.expr = dataclasses.field(compare=False, repr=False)
+    node: ast.expr = dataclasses.field(compare=False, repr=False)
+
+
+_COMPARISONS = {
+    ast.Eq: ("eq", "eq"), ast.NotEq: ("ne", "ne"), ast.Lt: ("lt", "gt"), ast.LtE: ("le", "ge"),
+    ast.Gt: ("gt", "lt"), ast.GtE: ("ge", "le"),
+}  # fmt: skip
+"""Each comparison operator's name, and its name with its sides swapped."""
+
+
+def step_tests(body: Sequence[ast.stmt], index: str, assigned: set[str]) -> list[StepTest]:
+    """The tests of ``if`` statements and conditional expressions of ``body`` that compare the
+    step number ``index`` with a value the body does not assign."""
+    found = []
+    for stmt in body:
+        for node in _walk_own_scope(stmt):
+            if not isinstance(node, (ast.If, ast.IfExp)):
+                continue
+            test = node.test
+            if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+                continue
+            left, right = test.left, test.comparators[0]
+            names = _COMPARISONS.get(type(test.ops[0]))
+            if names is None:
+                continue
+            if isinstance(left, ast.Name) and left.id == index:
+                op, other = names[0], right
+            elif isinstance(right, ast.Name) and right.id == index:
+                op, other = names[1], left
+            else:
+                continue
+            if names_loaded([other]) & (assigned | {index}):
+                continue
+            found.append(StepTest(op, other, test))
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
 class LoopInfo:
     """The analysis of one ``for`` statement."""
 
-    node: ast.For
+    node: ast.For | ast.While
     form: LoopForm
     targets: tuple[str, ...]
     carries: tuple[str, ...]
     lists: tuple[str, ...]
     reason: str  # why the loop stays Python ("" where it converts)
+    stop: int | None = None  # the index in the body of its `if ...: break`, where it has one
+    buffers: tuple[BufferWrite, ...] = ()  # tensors written at the step number
+    augmented: tuple[str, ...] = ()  # carries the body changes only with `name += ...`
+    tests: tuple[StepTest, ...] = ()  # tests of the step number (`if t == 0:`)
 
 
 def names_loaded(nodes: Iterable[ast.AST]) -> set[str]:
@@ -113,6 +175,13 @@ def exposed_reads(stmts: Sequence[ast.stmt], defined: frozenset[str] = frozenset
     exposed: set[str] = set()
     _exposed_block(stmts, set(defined), exposed)
     return exposed
+
+
+def surely_assigned(stmts: Sequence[ast.stmt]) -> set[str]:
+    """The names that ``stmts`` bind on every path through them."""
+    defined: set[str] = set()
+    _exposed_block(stmts, defined, set())
+    return defined
 
 
 def _exposed_block(stmts: Sequence[ast.stmt], defined: set[str], exposed: set[str]) -> None:
@@ -247,13 +316,29 @@ class _Refusal:
     what: str
 
 
-def _refusal(body: Sequence[ast.stmt], carries: set[str], free: set[str]) -> _Refusal | None:
-    """The first construct of the loop's body that keeps it a Python loop."""
+def _refusal(
+    body: Sequence[ast.stmt],
+    carries: set[str],
+    free: set[str],
+    stop: ast.stmt | None = None,
+    buffers: Sequence[BufferWrite] = (),
+    augmented: frozenset[str] = frozenset(),
+) -> _Refusal | None:
+    """The first construct of the loop's body that keeps it a Python loop (``stop``: the
+    ``if ...: break`` that ends it, ``buffers``: the writes at the step number, which
+    convert)."""
     for stmt in body:
+        if any(stmt is b.stmt for b in buffers):
+            continue
         for node in _walk_own_scope(stmt):
             line = getattr(node, "lineno", stmt.lineno)
-            if isinstance(node, ast.Break):
-                return _Refusal(line, "`break` leaves the loop early")
+            allowed = isinstance(stop, ast.If) and node is stop.body[0]
+            if isinstance(node, ast.Break) and not allowed:
+                return _Refusal(
+                    line,
+                    "`break` leaves the loop early, other than as a statement `if condition: "
+                    "break` of the loop's own body with nothing else in the `if`",
+                )
             if isinstance(node, ast.Continue):
                 return _Refusal(line, "`continue` skips the rest of a step")
             if isinstance(node, ast.Return):
@@ -282,17 +367,26 @@ def _refusal(body: Sequence[ast.stmt], carries: set[str], free: set[str]) -> _Re
                             )
                 if isinstance(node, ast.AugAssign):
                     name = ast.unparse(node.target)
-                    if name in carries:
+                    if name in carries and name not in augmented:
                         return _Refusal(
                             line,
                             f"`{ast.unparse(node)}` changes the carried `{name}` in place "
-                            f"(where it is a tensor, the one the loop started from too): write "
+                            f"(where it is a tensor, the one the loop started from too), and the "
+                            f"step also binds `{name}` to another value: write "
                             f"`{name} = {name} {_OPERATORS.get(type(node.op), '+')} ...`",
                         )
             if isinstance(node, ast.Call):
                 for keyword in node.keywords:
                     if keyword.arg == "out":
                         return _Refusal(line, "an `out=` argument writes into a tensor")
+                drawn = _python_random(node.func)
+                if drawn:
+                    return _Refusal(
+                        line,
+                        f"`{ast.unparse(node)}` draws a number with Python's {drawn}, once when "
+                        "torch traces the step for all steps: draw it with torch "
+                        "(torch.rand(()) < p)",
+                    )
                 func = node.func
                 if (
                     isinstance(func, ast.Attribute)
@@ -303,8 +397,9 @@ def _refusal(body: Sequence[ast.stmt], carries: set[str], free: set[str]) -> _Re
                     return _Refusal(
                         line,
                         f"`{ast.unparse(node)}` changes `{func.value.id}`, made outside the "
-                        "loop (only a list made empty just before the loop becomes the scan's "
-                        "outputs)",
+                        "loop (a list becomes the scan's outputs where it is made just before "
+                        "the loop, `[]` or `[y0]`, and the step appends to it once and reads it "
+                        "nowhere else)",
                     )
                 if (
                     isinstance(func, ast.Attribute)
@@ -318,6 +413,24 @@ def _refusal(body: Sequence[ast.stmt], carries: set[str], free: set[str]) -> _Re
                             f"`{ast.unparse(node)}` changes `{ast.unparse(receiver)}` in place",
                         )
     return None
+
+
+def _python_random(func: ast.expr) -> str:
+    """``random`` or ``numpy.random`` where ``func`` is one of their functions
+    (``random.random``, ``np.random.rand``), else empty."""
+    if not isinstance(func, ast.Attribute):
+        return ""
+    base = func.value
+    if isinstance(base, ast.Name) and base.id == "random":
+        return "random"
+    if (
+        isinstance(base, ast.Attribute)
+        and base.attr == "random"
+        and isinstance(base.value, ast.Name)
+        and base.value.id in ("np", "numpy")
+    ):
+        return "numpy.random"
+    return ""
 
 
 _CONTAINER_CHANGES = frozenset(
@@ -345,6 +458,111 @@ def _walk_own_scope(node: ast.AST, nested_loop: bool = False) -> Iterable[ast.AS
             isinstance(node, (ast.For, ast.While, ast.AsyncFor)) and isinstance(child, ast.stmt)
         )
         yield from _walk_own_scope(child, inner)
+
+
+_CONSTRUCTORS = frozenset(
+    {"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
+     "new_zeros", "new_ones", "new_empty", "new_full", "clone", "randn", "rand", "tensor"}
+)  # fmt: skip
+"""The calls that make a new tensor, which nothing else holds: a buffer the loop writes into."""
+
+
+def _fresh_tensor(value: ast.expr | None) -> bool:
+    if value is None or not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    if isinstance(func, ast.Attribute) and func.attr in _CONSTRUCTORS:
+        return True
+    return isinstance(func, ast.Name) and func.id in _CONSTRUCTORS
+
+
+def _store_key(target: ast.expr, index: str) -> tuple[str, int] | None:
+    """``(name, axis)`` where ``target`` is ``name[:, ..., t]`` (``t`` the step number)."""
+    if not isinstance(target, ast.Subscript) or not isinstance(target.value, ast.Name):
+        return None
+    load = ast.Subscript(target.value, target.slice, ast.Load())
+    return slice_key(load, index, set())
+
+
+def buffer_writes(
+    function: ast.FunctionDef, loop: ast.For, body: Sequence[ast.stmt], index: str
+) -> list[BufferWrite]:
+    """The statements of ``body`` (its own, not in an ``if``) that write into a tensor at the
+    step number ``index``, once per step, where the tensor is made just before the loop by a
+    constructor (``torch.zeros``, ``x.new_empty``, ``clone``...: nothing else holds it) and the
+    body binds its name to nothing else."""
+    keys: dict[str, list[tuple[ast.stmt, int]]] = {}
+    for stmt in body:
+        target = None
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+        elif isinstance(stmt, ast.AugAssign):
+            target = stmt.target
+        key = _store_key(target, index) if target is not None else None
+        if key is not None:
+            keys.setdefault(key[0], []).append((stmt, key[1]))
+    assigned = names_assigned(body)
+    found = []
+    for name, writes in keys.items():
+        if len(writes) != 1 or name in assigned or name == index:
+            continue
+        if not _fresh_tensor(_last_binding_before(function.body, loop, name, writes=True)):
+            continue
+        stmt, axis = writes[0]
+        others = [s for s in body if s is not stmt]
+        assert isinstance(stmt, (ast.Assign, ast.AugAssign))
+        reads = name in names_loaded(others) or name in names_loaded([stmt.value])
+        carried = reads or isinstance(stmt, ast.AugAssign)
+        found.append(BufferWrite(name, axis, stmt, carried))
+    return found
+
+
+def augmented_only(body: Sequence[ast.stmt], names: Iterable[str]) -> set[str]:
+    """Those of ``names`` that ``body`` binds only with augmented assignments (``name +=
+    ...``): a value changed in place at every step (where it is a tensor), never replaced."""
+    augmented: set[str] = set()
+    plain: set[str] = set()
+    for stmt in body:
+        plain |= {
+            n.name
+            for n in ast.walk(stmt)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        }
+        for node in _walk_own_scope(stmt):
+            if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                augmented.add(node.target.id)
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    plain |= _stored(target)
+            elif isinstance(node, (ast.AnnAssign, ast.For, ast.AsyncFor, ast.NamedExpr)):
+                plain |= _stored(node.target)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        plain |= _stored(item.optional_vars)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                plain.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                plain |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return (augmented & set(names)) - plain
+
+
+def stop_index(body: Sequence[ast.stmt]) -> int | None:
+    """The index in ``body`` of a statement ``if condition: break`` (nothing else in the
+    ``if``, no ``else``), the only ``break`` of the loop; None where there is none."""
+    breaks = [
+        node for stmt in body for node in _walk_own_scope(stmt) if isinstance(node, ast.Break)
+    ]
+    for k, stmt in enumerate(body):
+        if (
+            isinstance(stmt, ast.If)
+            and len(stmt.body) == 1
+            and isinstance(stmt.body[0], ast.Break)
+            and not stmt.orelse
+            and len(breaks) == 1
+        ):
+            return k
+    return None
 
 
 def appended_lists(body: Sequence[ast.stmt]) -> dict[str, ast.stmt]:
@@ -395,10 +613,13 @@ def appended_value(stmt: ast.stmt) -> ast.expr:
     return stmt.value.elts[0]
 
 
-def fresh_lists(function: ast.FunctionDef, loop: ast.For, names: Iterable[str]) -> set[str]:
-    """Those of ``names`` that the function binds to an empty list (``name = []`` or
-    ``list()``) before the loop, in the loop's own block or one enclosing it, and reads nowhere
-    between that and the loop: lists no one else holds, whose values the loop alone makes."""
+def fresh_lists(
+    function: ast.FunctionDef, loop: ast.For | ast.While, names: Iterable[str]
+) -> set[str]:
+    """Those of ``names`` that the function binds to a new list (``name = []``, ``list()`` or
+    ``[y0]``: the values the loop appends come after those) before the loop, in the loop's own
+    block or one enclosing it, and reads nowhere between that and the loop: lists no one else
+    holds."""
     found = set()
     for name in names:
         binding = _last_binding_before(function.body, loop, name)
@@ -408,8 +629,9 @@ def fresh_lists(function: ast.FunctionDef, loop: ast.For, names: Iterable[str]) 
 
 
 def _empty_list(node: ast.expr) -> bool:
+    """Whether ``node`` makes a new list: ``[]``, ``list()``, or a literal ``[a, b]``."""
     if isinstance(node, ast.List):
-        return not node.elts
+        return not any(isinstance(e, ast.Starred) for e in node.elts)
     return _is_call(node, "list") and not node.args and not node.keywords  # type: ignore[union-attr]
 
 
@@ -432,30 +654,52 @@ def _bound_value(stmt: ast.stmt, name: str) -> ast.expr | None:
     return None
 
 
-def _last_binding_before(block: Sequence[ast.stmt], loop: ast.For, name: str) -> ast.expr | None:
+def _writes_into(stmt: ast.stmt, name: str) -> bool:
+    """Whether ``stmt`` is ``name[...] = value`` (or ``+=``...) with ``name`` read nowhere else
+    in it: a write that makes no other reference to ``name``'s tensor."""
+    if isinstance(stmt, ast.Assign):
+        targets, value = stmt.targets, stmt.value
+    elif isinstance(stmt, ast.AugAssign):
+        targets, value = [stmt.target], stmt.value
+    else:
+        return False
+    return all(
+        isinstance(t, ast.Subscript)
+        and isinstance(t.value, ast.Name)
+        and t.value.id == name
+        and name not in names_loaded([t.slice])
+        for t in targets
+    ) and name not in names_loaded([value])
+
+
+def _last_binding_before(
+    block: Sequence[ast.stmt], loop: ast.For | ast.While, name: str, writes: bool = False
+) -> ast.expr | None:
     """The value the statement that binds ``name`` last before ``loop``, in the block holding
     ``loop`` (or a block enclosing it), binds it to, where nothing between reads or binds
-    ``name``."""
+    ``name`` (with ``writes``, but for writes into it at an index)."""
     binding: ast.expr | None = None
     for stmt in block:
         if stmt is loop:
             return binding
         inner = _enclosing_block(stmt, loop)
         if inner is not None:
-            found = _last_binding_before(inner, loop, name)
+            found = _last_binding_before(inner, loop, name, writes)
             if found is not None:
                 return found
             # bound before the statement enclosing the loop, and not touched in it before
-            return binding if _untouched_before(inner, loop, name) else None
+            return binding if _untouched_before(inner, loop, name, writes) else None
         value = _bound_value(stmt, name)
         if value is not None:
             binding = value
+        elif writes and _writes_into(stmt, name):
+            pass
         elif name in names_loaded([stmt]) | names_assigned([stmt]):
             binding = None
     return None
 
 
-def _enclosing_block(stmt: ast.stmt, loop: ast.For) -> list[ast.stmt] | None:
+def _enclosing_block(stmt: ast.stmt, loop: ast.For | ast.While) -> list[ast.stmt] | None:
     """The block of ``stmt`` (one of its bodies) that holds ``loop``, if any."""
     for field in ("body", "orelse", "finalbody"):
         block = getattr(stmt, field, None)
@@ -467,10 +711,14 @@ def _enclosing_block(stmt: ast.stmt, loop: ast.For) -> list[ast.stmt] | None:
     return None
 
 
-def _untouched_before(block: Sequence[ast.stmt], loop: ast.For, name: str) -> bool:
+def _untouched_before(
+    block: Sequence[ast.stmt], loop: ast.For | ast.While, name: str, writes: bool = False
+) -> bool:
     for stmt in block:
         if any(loop is n for n in ast.walk(stmt)):
             return True
+        if writes and _writes_into(stmt, name):
+            continue
         if name in names_loaded([stmt]) | names_assigned([stmt]):
             return False
     return True
@@ -484,13 +732,20 @@ def _names_only(target: ast.expr) -> bool:
 
 
 def analyse(
-    function: ast.FunctionDef, loop: ast.For, sized: set[str], shadowed: set[str]
+    function: ast.FunctionDef, loop: ast.For | ast.While, sized: set[str], shadowed: set[str]
 ) -> LoopInfo:
-    """The carries, lists and refusal of ``loop``, a ``for`` statement of ``function``
-    (``shadowed``: the builtins the function binds to something else)."""
-    form = loop_form(loop, sized, shadowed)
-    targets = tuple(sorted(_stored(loop.target)))
+    """The carries, lists and refusal of ``loop``, a ``for`` or ``while`` statement of
+    ``function`` (``shadowed``: the builtins the function binds to something else)."""
+    stop = stop_index(loop.body)
+    if isinstance(loop, ast.While):
+        form = LoopForm("while")
+        targets: tuple[str, ...] = ()
+    else:
+        form = loop_form(loop, sized, shadowed)
+        targets = tuple(sorted(_stored(loop.target)))
     inside = {id(n) for s in loop.body for n in ast.walk(s)}
+    if isinstance(loop, ast.While):  # the test runs before each step: read at every step
+        inside |= {id(n) for n in ast.walk(loop.test)}
     live_after = {
         n.id
         for n in ast.walk(function)
@@ -504,34 +759,125 @@ def analyse(
             lists.append(name)
     lists = sorted(set(lists) & fresh_lists(function, loop, lists))
     body = [s for s in loop.body if not any(s is appended[n] for n in lists)]
+    buffers: list[BufferWrite] = []
+    if isinstance(loop, ast.For) and form.kind == "range" and isinstance(loop.target, ast.Name):
+        buffers = buffer_writes(function, loop, body, loop.target.id)
     assigned = names_assigned(body)
     body_reads = names_loaded(loop.body)
     exposed = exposed_reads(body)
-    carries = sorted((assigned & (exposed | live_after)) - set(targets))
+    if isinstance(loop, ast.While):
+        exposed |= names_loaded([loop.test])
+        body_reads |= names_loaded([loop.test])
+    carried_buffers = {b.name for b in buffers if b.carried}
+    carries = sorted(((assigned & (exposed | live_after)) | carried_buffers) - set(targets))
+    augmented = augmented_only(body, carries)
     free = body_reads - assigned
     reason = ""
-    if not _names_only(loop.target):
+    after_stop = loop.body[stop + 1 :] if stop is not None else []
+    appended_after_stop = [n for n in lists if any(appended[n] is s for s in after_stop)]
+    if isinstance(loop, ast.For) and not _names_only(loop.target):
         reason = (
             f"its target `{ast.unparse(loop.target)}` is not a name or a tuple of names (a "
             "starred name, an attribute or a subscript)"
         )
-    elif set(targets) & live_after:
-        name = sorted(set(targets) & live_after)[0]
+    elif set(targets) & _read_unbound_by_others(function, loop, set(targets)):
+        name = sorted(set(targets) & _read_unbound_by_others(function, loop, set(targets)))[0]
         reason = f"the loop variable `{name}` is read outside the loop"
-    elif form.kind == "range" and not form.sized and not form.lengths:
+    elif (
+        isinstance(loop, ast.For)
+        and form.kind == "range"
+        and not form.sized
+        and not form.lengths
+        and stop is None
+    ):
         reason = (
             f"it counts to a Python number (`{ast.unparse(loop.iter)}`), not to a tensor's "
-            "size: layers, heads or a fixed number of steps stay Python"
+            "size, and has no `if condition: break`: layers, heads or a fixed number of steps "
+            "stay Python"
         )
     elif isinstance(loop, ast.AsyncFor):
         reason = "an `async for`"
+    elif stop is not None and loop.orelse:
+        reason = (
+            f"its `else` clause (line {loop.orelse[0].lineno}) runs only where the loop does not "
+            "`break`"
+        )
+    elif any(b.stmt in after_stop for b in buffers):
+        write = next(b for b in buffers if b.stmt in after_stop)
+        reason = (
+            f"it writes into `{write.name}` after its `if condition: break` (line "
+            f"{write.stmt.lineno}): write before the test"
+        )
+    elif appended_after_stop:
+        line = appended[appended_after_stop[0]].lineno
+        reason = (
+            f"it appends to `{appended_after_stop[0]}` after its `if condition: break` (line "
+            f"{line}): append before the test"
+        )
     else:
-        refusal = _refusal(body, set(carries), free)
+        stop_stmt = loop.body[stop] if stop is not None else None
+        refusal = _refusal(
+            body, set(carries), free - carried_buffers, stop_stmt, buffers, frozenset(augmented)
+        )
         if refusal is None and loop.orelse:
             refusal = _refusal(loop.orelse, set(), set())
         if refusal is not None:
             reason = f"{refusal.what} (line {refusal.line})"
-    return LoopInfo(loop, form, targets, tuple(carries), tuple(lists), reason)
+    tests: list[StepTest] = []
+    if isinstance(loop, ast.For) and form.kind == "range" and isinstance(loop.target, ast.Name):
+        tests = step_tests(loop.body, loop.target.id, names_assigned(loop.body))
+    if tests and stop is not None and not reason:
+        reason = (
+            f"it tests the step number (line {tests[0].node.lineno}) and may `break`: one or "
+            "the other converts"
+        )
+    return LoopInfo(
+        loop,
+        form,
+        targets,
+        tuple(carries),
+        tuple(lists),
+        reason,
+        stop,
+        tuple(buffers),
+        tuple(sorted(augmented)),
+        tuple(tests),
+    )
+
+
+def _read_unbound_by_others(
+    function: ast.FunctionDef, loop: ast.For | ast.While, names: set[str]
+) -> set[str]:
+    """Those of ``names`` read outside ``loop`` other than where another loop or a
+    comprehension binds them first (``for t in ...`` again, ``[t for t in ...]``)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, bound: frozenset[str]) -> None:
+        if node is loop:
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            if node.id in names and node.id not in bound:
+                found.add(node.id)
+            return
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            visit(node.iter, bound)
+            inner = bound | _stored(node.target)
+            for stmt in node.body:
+                visit(stmt, inner)
+            for stmt in node.orelse:
+                visit(stmt, bound)  # may run without a step: the name as before
+            return
+        if isinstance(node, _COMPREHENSIONS):
+            inner = bound | {n for g in node.generators for n in _stored(g.target)}
+            for child in ast.iter_child_nodes(node):
+                visit(child, inner)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, bound)
+
+    for stmt in function.body:
+        visit(stmt, frozenset())
+    return found
 
 
 def step_slices(body: Sequence[ast.stmt], index: str, assigned: set[str]) -> list[tuple[str, int]]:

@@ -38,6 +38,10 @@ RUNTIME = "__autoloop__"
 LOOPS = "__autoloop_loops__"
 _ITEM = "__autoloop_item"
 _CARRY = "__autoloop_carry"
+_SCANNING = "__autoloop_scanning"
+_STOP = "__autoloop_stop"
+_KEEP = "__autoloop_keep"
+_TESTS = "__autoloop_tests"
 
 
 class NotConvertible(Exception):
@@ -132,13 +136,63 @@ def _headers(node: ast.expr, shadowed: set[str]) -> ast.expr:
             and func.id not in shadowed
         ):
             return ast.Call(_runtime_attr(f"{func.id}_"), args, node.keywords)
-        if isinstance(func, ast.Attribute) and func.attr == "unbind" and not node.keywords:
+        if isinstance(func, ast.Attribute) and func.attr in ("unbind", "split", "chunk"):
+            runtime = {"unbind": "unbind", "split": "split_", "chunk": "chunk_"}[func.attr]
             if isinstance(func.value, ast.Name) and func.value.id == "torch":
                 if "torch" in shadowed:
                     return node
-                return ast.Call(_runtime_attr("unbind"), args, [])
-            return ast.Call(_runtime_attr("unbind"), [func.value, *args], [])
+                return ast.Call(_runtime_attr(runtime), args, node.keywords)
+            return ast.Call(_runtime_attr(runtime), [func.value, *args], node.keywords)
     return node
+
+
+class _Augmented(ast.NodeTransformer):
+    """``name += value`` for the carries changed only so, as ``name = augmented(name, value,
+    "add", scanning)``: in place as Python runs it, a new tensor in a scan (the one the loop
+    started from gets the last value after it)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def _visit_scope(self, node: ast.AST) -> ast.AST:
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _visit_scope
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> ast.AST:
+        if not (isinstance(node.target, ast.Name) and node.target.id in self.names):
+            return node
+        name = node.target.id
+        call = ast.Call(
+            _runtime_attr("augmented"),
+            [_name(name), node.value, ast.Constant(_AUGMENTED[type(node.op)]), _name(_SCANNING)],
+            [],
+        )
+        return ast.copy_location(ast.Assign([_name(name, ast.Store())], call), node)
+
+
+class _StepTests(ast.NodeTransformer):
+    """The tests of the step number, as ``(__autoloop_tests[k] if __autoloop_tests is not None
+    else test)``: in the middle steps of a scan, the value the test has at all of them."""
+
+    def __init__(self, tests: tuple[_analysis.StepTest, ...]) -> None:
+        self.tests = tests
+
+    def _visit_scope(self, node: ast.AST) -> ast.AST:
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _visit_scope
+
+    def _test(self, node: ast.If | ast.IfExp) -> ast.AST:
+        self.generic_visit(node)
+        k = next((k for k, t in enumerate(self.tests) if t.node is node.test), None)
+        if k is not None:
+            known = ast.Subscript(_name(_TESTS), ast.Constant(k), ast.Load())
+            given = ast.Compare(_name(_TESTS), [ast.IsNot()], [ast.Constant(None)])
+            node.test = ast.copy_location(ast.IfExp(given, known, node.test), node.test)
+        return node
+
+    visit_If = visit_IfExp = _test
 
 
 class _Loops(ast.NodeTransformer):
@@ -163,6 +217,12 @@ class _Loops(ast.NodeTransformer):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _visit_scope
 
     def visit_For(self, node: ast.For) -> Any:
+        return self._loop(node)
+
+    def visit_While(self, node: ast.While) -> Any:
+        return self._loop(node)
+
+    def _loop(self, node: ast.For | ast.While) -> Any:
         info = self.infos[id(node)]
         self.generic_visit(node)
         index = len(self.loops)
@@ -174,40 +234,70 @@ class _Loops(ast.NodeTransformer):
             info.lists,
             strict=self.strict,
             reason=info.reason,
+            stops=info.stop is not None,
         )
         self.loops.append(loop)
         record = ast.Subscript(_name(LOOPS), ast.Constant(index), ast.Load())
         if info.reason:
-            node.iter = ast.Call(_runtime_attr("kept"), [record, node.iter], [])
-            ast.fix_missing_locations(ast.copy_location(node.iter, node))
-            return node
+            if isinstance(node, ast.For):
+                node.iter = ast.Call(_runtime_attr("kept"), [record, node.iter], [])
+                ast.fix_missing_locations(ast.copy_location(node.iter, node))
+                return node
+            kept = ast.Expr(ast.Call(_runtime_attr("kept"), [record, ast.Constant(None)], []))
+            return [ast.fix_missing_locations(ast.copy_location(kept, node)), node]
         self.converted += 1
         return [ast.fix_missing_locations(s) for s in self._converted(node, info, record, index)]
 
     def _converted(
-        self, node: ast.For, info: _analysis.LoopInfo, record: ast.expr, index: int
+        self, node: ast.For | ast.While, info: _analysis.LoopInfo, record: ast.expr, index: int
     ) -> list[ast.stmt]:
         body_name = f"__autoloop_body_{index}"
         appended = _analysis.appended_lists(node.body)
         ys = {name: f"__autoloop_y_{k}" for k, name in enumerate(info.lists)}
         slices: list[tuple[str, int]] = []
-        target: ast.expr = _store(node.target)
-        if info.form.kind == "range" and isinstance(node.target, ast.Name):
-            assigned = _analysis.names_assigned(node.body) | {node.target.id}
-            slices = _analysis.step_slices(node.body, node.target.id, assigned)
-            if slices:
-                _Slices(node.target.id, assigned, slices).visit(node)
-                names = [_name(f"__autoloop_x_{k}", ast.Store()) for k in range(len(slices))]
-                target = ast.Tuple([target, *names], ast.Store())
-        body: list[ast.stmt] = [ast.copy_location(ast.Assign([target], _name(_ITEM)), node)]
-        if info.carries:
-            body.append(
-                ast.copy_location(
-                    ast.Assign([_tuple(info.carries, ast.Store())], _name(_CARRY)), node
+        body: list[ast.stmt] = []
+        if isinstance(node, ast.For):
+            target: ast.expr = _store(node.target)
+            if info.form.kind == "range" and isinstance(node.target, ast.Name):
+                assigned = _analysis.names_assigned(node.body) | {node.target.id}
+                assigned |= {b.name for b in info.buffers}  # read as they are when written
+                slices = _analysis.step_slices(node.body, node.target.id, assigned)
+                if slices:
+                    _Slices(node.target.id, assigned, slices).visit(node)
+                    names = [_name(f"__autoloop_x_{k}", ast.Store()) for k in range(len(slices))]
+                    target = ast.Tuple([target, *names], ast.Store())
+            body.append(ast.copy_location(ast.Assign([target], _name(_ITEM)), node))
+        body.extend(_unpack_carry(info.carries, node))
+        outputs = [b for b in info.buffers if not b.carried]
+        written = {b.name: f"__autoloop_b_{k}" for k, b in enumerate(outputs)}
+        ys_tuple = _tuple([*[ys[n] for n in info.lists], *written.values()], ast.Load())
+        kept: list[str] = []
+        if info.augmented:
+            node.body = [_Augmented(info.augmented).visit(stmt) for stmt in node.body]
+        if info.tests:
+            node.body = [_StepTests(info.tests).visit(stmt) for stmt in node.body]
+        for k, stmt in enumerate(node.body):
+            if k == info.stop:
+                assert isinstance(stmt, ast.If)
+                after = node.body[k + 1 :]
+                kept = [c for c in info.carries if c in _analysis.names_assigned(after)]
+                body.append(
+                    ast.copy_location(ast.Assign([_name(_STOP, ast.Store())], stmt.test), stmt)
                 )
-            )
-            body.extend(_unbind_undefined(info.carries, node))  # read: UnboundLocalError
-        for stmt in node.body:
+                surely = _analysis.surely_assigned(node.body[:k])
+                early = _returned(info.carries, ys_tuple, _runtime_attr("STOP"), stmt, surely)
+                test = ast.Call(_runtime_attr("stops"), [_name(_STOP), _name(_SCANNING)], [])
+                body.append(ast.copy_location(ast.If(test, early, []), stmt))
+                if kept:  # in a scan (as Python runs it, the step has not stopped here)
+                    keep = ast.Assign([_name(_KEEP, ast.Store())], _tuple(kept, ast.Load()))
+                    body.append(ast.copy_location(ast.If(_name(_SCANNING), [keep], []), stmt))
+                continue
+            write = next((b for b in info.buffers if b.stmt is stmt), None)
+            if write is not None:
+                assert isinstance(node, ast.For)
+                assert isinstance(node.target, ast.Name)
+                body.append(_buffer_write(write, node.target.id, written))
+                continue
             name = next((n for n in info.lists if appended[n] is stmt), None)
             if name is None:
                 body.append(stmt)
@@ -216,67 +306,91 @@ class _Loops(ast.NodeTransformer):
                 body.append(
                     ast.copy_location(ast.Assign([_name(ys[name], ast.Store())], value), stmt)
                 )
-        returned = ast.Tuple(
-            [_tuple(info.carries, ast.Load()), _tuple([ys[n] for n in info.lists], ast.Load())],
-            ast.Load(),
-        )
-        body.append(ast.copy_location(ast.Return(returned), node))
-        function = ast.FunctionDef(
-            name=body_name,
-            args=ast.arguments(
-                posonlyargs=[],
-                args=[ast.arg(_ITEM), ast.arg(_CARRY)],
-                kwonlyargs=[],
-                kw_defaults=[],
-                defaults=[],
-            ),
-            body=body,
-            decorator_list=[],
-            returns=None,
-        )
-        _no_type_params(function)
-        out: list[ast.stmt] = [ast.copy_location(function, node)]
+        until: ast.expr | None = None
+        if info.stop is not None:
+            if kept:  # the values before the statements after the test, where it stops
+                select = ast.Call(
+                    _runtime_attr("select"),
+                    [_name(_STOP), _name(_KEEP), _tuple(kept, ast.Load())],
+                    [],
+                )
+                chosen = ast.Assign([_tuple(kept, ast.Store())], select)
+                body.append(ast.copy_location(ast.If(_name(_SCANNING), [chosen], []), node))
+            until = ast.Call(_runtime_attr("until_"), [_name(_STOP), _name(_SCANNING)], [])
+        surely = _analysis.surely_assigned(node.body)
+        body.extend(_returned(info.carries, ys_tuple, until, node, surely))
+        out: list[ast.stmt] = []
+        if isinstance(node, ast.While):
+            test_name = f"__autoloop_test_{index}"
+            test_body = [*_unpack_carry(info.carries, node), ast.Return(node.test)]
+            out.append(ast.copy_location(_function(test_name, [_CARRY], test_body), node))
+        params = [_ITEM, _CARRY, _SCANNING]
+        if info.tests:
+            params.append(_TESTS)
+            values = ast.Tuple([t.other for t in info.tests], ast.Load())
+            others = _function(f"__autoloop_tests_{index}", [], [ast.Return(values)])
+            out.append(ast.copy_location(others, node))
+        function = _function(body_name, params, body)
+        if info.tests:
+            function.args.defaults = [ast.Constant(None)]
+        out.append(ast.copy_location(function, node))
         initial = []
         for k, name in enumerate(info.carries):
             temp = f"__autoloop_init_{index}_{k}"
             initial.append(temp)
-            out.append(
-                ast.copy_location(
-                    ast.Try(
-                        body=[ast.Assign([_name(temp, ast.Store())], _name(name))],
-                        handlers=[
-                            ast.ExceptHandler(
-                                type=_name("NameError"),
-                                name=None,
-                                body=[
-                                    ast.Assign(
-                                        [_name(temp, ast.Store())], _runtime_attr("UNDEFINED")
-                                    )
-                                ],
-                            )
-                        ],
-                        orelse=[],
-                        finalbody=[],
-                    ),
-                    node,
-                )
+            out.append(ast.copy_location(_read_or_undefined(temp, name), node))
+        if isinstance(node, ast.While):
+            call = ast.Call(
+                _runtime_attr("while_"),
+                [
+                    record,
+                    _name(f"__autoloop_test_{index}"),
+                    _name(body_name),
+                    _tuple(initial, ast.Load()),
+                    _tuple(info.lists, ast.Load()),
+                ],
+                [],
             )
-        call = ast.Call(
-            _runtime_attr("for_"),
-            [
-                record,
-                _iterable(node.iter, info.form, self.shadowed),
-                _name(body_name),
-                _tuple(initial, ast.Load()),
-                _tuple(info.lists, ast.Load()),
-            ],
-            [],
-        )
+        else:
+            call = ast.Call(
+                _runtime_attr("for_"),
+                [
+                    record,
+                    _iterable(node.iter, info.form, self.shadowed),
+                    _name(body_name),
+                    _tuple(initial, ast.Load()),
+                    _tuple(info.lists, ast.Load()),
+                ],
+                [],
+            )
         if slices:
             pairs: list[ast.expr] = [
                 ast.Tuple([_name(n), ast.Constant(a)], ast.Load()) for n, a in slices
             ]
             call.keywords.append(ast.keyword("slices", ast.Tuple(pairs, ast.Load())))
+        if info.buffers:
+            described: list[ast.expr] = [
+                ast.Tuple(
+                    [
+                        ast.Constant(b.name),
+                        _name(b.name),
+                        ast.Constant(b.axis),
+                        ast.Constant(info.carries.index(b.name) if b.carried else -1),
+                    ],
+                    ast.Load(),
+                )
+                for b in info.buffers
+            ]
+            call.keywords.append(ast.keyword("buffers", ast.Tuple(described, ast.Load())))
+        if info.tests:
+            ops = ast.Tuple([ast.Constant(t.op) for t in info.tests], ast.Load())
+            tested = ast.Tuple([ops, _name(f"__autoloop_tests_{index}")], ast.Load())
+            call.keywords.append(ast.keyword("tests", tested))
+        if info.augmented:
+            positions: list[ast.expr] = [
+                ast.Constant(info.carries.index(n)) for n in info.augmented
+            ]
+            call.keywords.append(ast.keyword("inplace", ast.Tuple(positions, ast.Load())))
         out.append(
             ast.copy_location(
                 ast.Assign(
@@ -295,6 +409,101 @@ class _Loops(ast.NodeTransformer):
         out.extend(_unbind_undefined(info.carries, node))
         out.extend(node.orelse)
         return out
+
+
+def _buffer_write(write: _analysis.BufferWrite, index: str, written: dict[str, str]) -> ast.stmt:
+    """A write into a buffer at the step number, in the step: where the buffer is carried,
+    ``name = put(name, axis, t, value, scanning[, op])`` (in place as Python runs it, a new
+    tensor in a scan); else ``y = write(name, axis, t, value, scanning)``: in a scan, the value
+    for the slot as the step's output; as Python runs it, the write as written."""
+    stmt = write.stmt
+    assert isinstance(stmt, (ast.Assign, ast.AugAssign))
+    value = stmt.value
+    if write.carried:
+        args = [_name(write.name), ast.Constant(write.axis), _name(index), value, _name(_SCANNING)]
+        if isinstance(stmt, ast.AugAssign):
+            args.append(ast.Constant(_AUGMENTED[type(stmt.op)]))
+        put = ast.Call(_runtime_attr("put"), args, [])
+        return ast.copy_location(ast.Assign([_name(write.name, ast.Store())], put), stmt)
+    y = written[write.name]
+    args = [_name(write.name), ast.Constant(write.axis), _name(index), value, _name(_SCANNING)]
+    call = ast.Call(_runtime_attr("write"), args, [])
+    return ast.copy_location(ast.Assign([_name(y, ast.Store())], call), stmt)
+
+
+_AUGMENTED = {
+    ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.FloorDiv: "floordiv",
+    ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "and_", ast.BitOr: "or_",
+    ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift",
+}  # fmt: skip
+
+
+def _function(name: str, params: list[str], body: list[ast.stmt]) -> ast.FunctionDef:
+    function = ast.FunctionDef(
+        name=name,
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(p) for p in params],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=[],
+        ),
+        body=body,
+        decorator_list=[],
+        returns=None,
+    )
+    _no_type_params(function)
+    return function
+
+
+def _unpack_carry(carries: tuple[str, ...], where: ast.AST) -> list[ast.stmt]:
+    """The carries from the step's argument; those unbound before the loop unbound again, so
+    that reading them raises what Python raises."""
+    if not carries:
+        return []
+    unpack = ast.copy_location(ast.Assign([_tuple(carries, ast.Store())], _name(_CARRY)), where)
+    return [unpack, *_unbind_undefined(carries, where)]
+
+
+def _read_or_undefined(temp: str, name: str) -> ast.stmt:
+    """``temp = name``, or the runtime's UNDEFINED where ``name`` is not bound."""
+    return ast.Try(
+        body=[ast.Assign([_name(temp, ast.Store())], _name(name))],
+        handlers=[
+            ast.ExceptHandler(
+                type=_name("NameError"),
+                name=None,
+                body=[ast.Assign([_name(temp, ast.Store())], _runtime_attr("UNDEFINED"))],
+            )
+        ],
+        orelse=[],
+        finalbody=[],
+    )
+
+
+def _returned(
+    carries: tuple[str, ...],
+    ys: ast.expr,
+    stop: ast.expr | None,
+    where: ast.AST,
+    surely: set[str],
+) -> list[ast.stmt]:
+    """``return (carries), (ys)[, stop]``; a carry that is not ``surely`` bound by the step's
+    statements and was not bound before the loop returned as the runtime's UNDEFINED."""
+    out: list[ast.stmt] = []
+    values: list[ast.expr] = []
+    for k, name in enumerate(carries):
+        if name in surely:
+            values.append(_name(name))
+            continue
+        temp = f"__autoloop_c_{k}"
+        values.append(_name(temp))
+        out.append(ast.copy_location(_read_or_undefined(temp, name), where))
+    returned = [ast.Tuple(values, ast.Load()), ys]
+    if stop is not None:
+        returned.append(stop)
+    out.append(ast.copy_location(ast.Return(ast.Tuple(returned, ast.Load())), where))
+    return out
 
 
 def _unbind_undefined(names: tuple[str, ...], where: ast.AST) -> list[ast.stmt]:
@@ -366,7 +575,7 @@ def convert(
     filename = fn.__code__.co_filename
     sized = _analysis.sized_names(tree)
     shadowed = _shadowed(fn, tree)
-    infos = {id(node): _analysis.analyse(tree, node, sized, shadowed) for node in _own_loops(tree)}
+    infos = {id(node): _analysis.analyse(tree, node, sized, shadowed) for node in own_loops(tree)}
     loops: list[_runtime.Loop] = []
     if not infos:
         return fn, loops, ast.unparse(tree)
@@ -419,14 +628,14 @@ def _as_list(result: Any) -> list[ast.stmt]:
     return result if isinstance(result, list) else [result]
 
 
-def _own_loops(tree: ast.FunctionDef) -> list[ast.For]:
-    found = []
+def own_loops(tree: ast.FunctionDef) -> list[ast.For | ast.While]:
+    found: list[ast.For | ast.While] = []
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
                 continue
-            if isinstance(child, ast.For):
+            if isinstance(child, (ast.For, ast.While)):
                 found.append(child)
             visit(child)
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
+import inspect
 import itertools
+import operator
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, SupportsIndex
+from typing import Any, NoReturn, SupportsIndex
 
 import torch
 
@@ -52,6 +55,7 @@ class Loop:
     lists: tuple[str, ...]
     strict: bool = False
     reason: str = ""  # why it stays Python, from its source alone
+    stops: bool = False  # whether its body ends it with `if condition: break`
 
     def where(self) -> str:
         return f"{self.function} ({self.filename}, line {self.lineno})"
@@ -109,24 +113,63 @@ def len_(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Unbound:
-    """``tensor.unbind(axis)``: iterated as that tuple in a Python loop, scanned along
-    ``axis``."""
+    """``tensor.unbind(axis)`` (``tensor.split(1, axis)`` with ``keepdim``): iterated as that
+    tuple in a Python loop, scanned along ``axis``."""
 
     tensor: torch.Tensor
     axis: int
+    keepdim: bool = False
 
     def python(self) -> Iterator[torch.Tensor]:
+        if self.keepdim:
+            return iter(self.tensor.split(1, self.axis))
         return iter(self.tensor.unbind(self.axis))
 
     __iter__ = python
 
 
-def unbind(tensor: Any, axis: int = 0) -> Any:
+def unbind(tensor: Any, axis: int = 0, **kwargs: Any) -> Any:
     """``tensor.unbind(axis)`` in a loop's header: kept as an axis to scan where ``tensor`` is a
     tensor."""
-    if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
-        return Unbound(tensor, int(axis))
-    return tensor.unbind(axis)
+    if isinstance(tensor, torch.Tensor) and tensor.dim() > 0 and set(kwargs) <= {"dim"}:
+        return Unbound(tensor, _axis(tensor, kwargs.get("dim", axis)))
+    return torch.unbind(tensor, axis, **kwargs)
+
+
+def _axis(tensor: torch.Tensor, axis: Any) -> int:
+    axis = int(axis)
+    return axis + tensor.dim() if axis < 0 else axis
+
+
+def split_(tensor: Any, size: Any, *args: Any, **kwargs: Any) -> Any:
+    """``tensor.split(size, dim)`` in a loop's header: an axis to scan (each item keeping the
+    axis, of size 1) where ``size`` is 1."""
+    if (
+        isinstance(tensor, torch.Tensor)
+        and tensor.dim() > 0
+        and isinstance(size, int)
+        and size == 1
+        and len(args) + len(kwargs) <= 1
+        and set(kwargs) <= {"dim"}
+    ):
+        axis = args[0] if args else kwargs.get("dim", 0)
+        return Unbound(tensor, _axis(tensor, axis), keepdim=True)
+    return torch.split(tensor, size, *args, **kwargs)
+
+
+def chunk_(tensor: Any, chunks: Any, *args: Any, **kwargs: Any) -> Any:
+    """``tensor.chunk(chunks, dim)`` in a loop's header: an axis to scan where there are as many
+    chunks as the axis is long (each of size 1)."""
+    if (
+        isinstance(tensor, torch.Tensor)
+        and tensor.dim() > 0
+        and len(args) + len(kwargs) <= 1
+        and set(kwargs) <= {"dim"}
+    ):
+        axis = _axis(tensor, args[0] if args else kwargs.get("dim", 0))
+        if isinstance(chunks, int) and chunks == tensor.shape[axis]:
+            return Unbound(tensor, axis, keepdim=True)
+    return torch.chunk(tensor, chunks, *args, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,6 +346,160 @@ def cat(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     return stacked.movedim(0, d).flatten(d, d + 1)
 
 
+# -- tensors written at the step number --------------------------------------------------------
+
+
+def _key(axis: int, index: Any) -> tuple[Any, ...]:
+    return (slice(None),) * axis + (index,)
+
+
+def slot(buffer: Any, axis: int, value: Any) -> torch.Tensor:
+    """What ``buffer[:, ..., t] = value`` writes, in a scan: ``value`` in the buffer's dtype
+    and device, broadcast to the shape of a slot."""
+    if not isinstance(buffer, torch.Tensor):
+        raise TorchscanTypeError(f"{API}: it writes into a {type(buffer).__name__}, not a tensor")
+    shape = buffer.shape[:axis] + buffer.shape[axis + 1 :]
+    return torch.as_tensor(value, dtype=buffer.dtype, device=buffer.device).expand(shape)
+
+
+def write(buffer: Any, axis: int, index: Any, value: Any, scanning: bool) -> Any:
+    """``buffer[:, ..., index] = value``: as Python runs it, in place (returning None); in a
+    scan, the value for the slot (:func:`slot`), the scan's output, written after it."""
+    if scanning:
+        return slot(buffer, axis, value)
+    buffer[_key(axis, index)] = value
+    return None
+
+
+def _wrapped(index: torch.Tensor, size: Any) -> torch.Tensor:
+    """``index`` with a negative value counted from the end, as Python's indexing does."""
+    return torch.where(index < 0, index + size, index)
+
+
+def put(
+    buffer: Any, axis: int, index: Any, value: Any, scanning: bool, op: str | None = None
+) -> Any:
+    """``buffer[:, ..., index] = value`` (``op=`` where ``op`` is given: ``+=`` for ``"add"``):
+    as Python runs it, in place, returning ``buffer``; in a scan, where ``index`` is a 0-d
+    tensor, a new tensor with the slot written."""
+    key = _key(axis, index)
+    if not scanning:
+        if op is None:
+            buffer[key] = value
+        else:
+            current = buffer[key]
+            buffer[key] = getattr(operator, f"i{op.rstrip('_')}")(current, value)
+        return buffer
+    if not isinstance(buffer, torch.Tensor):
+        raise TorchscanTypeError(f"{API}: it writes into a {type(buffer).__name__}, not a tensor")
+    position = _wrapped(torch.as_tensor(index, device=buffer.device), buffer.shape[axis])
+    position = position.reshape(1)
+    if op is not None:
+        current = buffer.index_select(axis, position).squeeze(axis)
+        value = getattr(operator, op)(current, value)
+    new = slot(buffer, axis, value).unsqueeze(axis)
+    return buffer.index_copy(axis, position, new)
+
+
+def augmented(value: Any, operand: Any, op: str, scanning: bool) -> Any:
+    """``value op= operand`` (``op``: ``"add"`` for ``+=``): as Python runs it, the in-place
+    operator; in a scan, a new tensor of ``value``'s dtype (as the in-place operator keeps it),
+    the one the loop started from written after the loop."""
+    if not scanning or not isinstance(value, torch.Tensor):
+        return getattr(operator, f"i{op.rstrip('_')}")(value, operand)
+    result = getattr(operator, op)(value, operand)
+    if isinstance(result, torch.Tensor) and result.dtype != value.dtype:
+        if not torch.can_cast(result.dtype, value.dtype):
+            raise TorchscanTypeError(
+                f"{API}: the result of `{op}` is {result.dtype}, which cannot be written into "
+                f"{value.dtype} in place"
+            )
+        result = result.to(value.dtype)
+    return result
+
+
+def _write_back(
+    buffers: tuple[tuple[str, Any, int, int], ...],
+    r: Range | None,
+    outputs: tuple[torch.Tensor, ...],
+    carry: tuple[Any, ...],
+) -> tuple[Any, ...]:
+    """After a scan: the outputs of the buffers it wrote into, written at the step numbers of
+    the steps that ran (in place, as the loop would have); the carried ones' new values copied
+    into them, which stay the objects the names were bound to."""
+    values = builtins.list(carry)
+    written = iter(outputs)
+    for _, buffer, axis, position in buffers:
+        if position >= 0:
+            new = values[position]
+            if new is not buffer:
+                buffer.copy_(new)
+            values[position] = buffer
+            continue
+        stacked = next(written)
+        assert r is not None
+        bounds = (r.start, r.stop, r.step)
+        if all(isinstance(b, int) for b in bounds) and not builtins.range(*bounds):
+            continue  # no step ran
+        steps = torch.arange(r.start, r.stop, r.step, device=buffer.device)
+        if r.reverse:
+            steps = steps.flip(0)
+        steps = _wrapped(steps[: stacked.shape[0]], buffer.shape[axis])
+        buffer.index_copy_(axis, steps, stacked.movedim(0, axis))
+    return tuple(values)
+
+
+# -- `if condition: break` ---------------------------------------------------------------------
+
+
+class _Stop:
+    """What a step returns last where it ran into ``break`` as Python runs it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<break>"
+
+
+STOP: Any = _Stop()
+
+
+def _as_flag(value: Any) -> torch.Tensor:
+    """The 0-d bool tensor a condition is true for, as ``if value:`` reads it."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TorchscanTypeError(
+                f"{API}: the condition is a tensor of {value.numel()} values, not one"
+            )
+        return value.reshape(()).bool()
+    return torch.tensor(builtins.bool(value))
+
+
+def stops(flag: Any, scanning: bool) -> bool:
+    """Whether a step stops here: as Python runs it, ``bool(flag)``; in a scan, never (the
+    step runs to its end and :func:`select` keeps the values of the carries from before the
+    test where ``flag`` is true)."""
+    return False if scanning else builtins.bool(flag)
+
+
+def select(flag: Any, before: tuple[Any, ...], after: tuple[Any, ...]) -> Any:
+    """In a scan, the carries ``before`` the statements that follow the test where ``flag`` is
+    true (the step broke off there), else ``after``."""
+    if not (_is_tensor_tree(before) and _is_tensor_tree(after)):
+        raise TorchscanTypeError(f"{API}: a carry after the test of `break` is not a tensor")
+    condition = _as_flag(flag)
+    return pytree.tree_map(lambda b, a: torch.where(condition, b, a), before, after)
+
+
+def until_(flag: Any, scanning: bool) -> Any:
+    """The step's stop flag in a scan; as Python runs it, None (the step did not stop)."""
+    if not scanning:
+        return None
+    from torchscan._until import until
+
+    return until(_as_flag(flag))
+
+
 # -- the loop ----------------------------------------------------------------------------------
 
 
@@ -318,22 +515,33 @@ class _Fallback(Exception):
 def for_(
     loop: Loop,
     iterable: Any,
-    body: Callable[[Any, tuple[Any, ...]], tuple[tuple[Any, ...], tuple[Any, ...]]],
+    body: Callable[..., Any],
     carry: tuple[Any, ...],
     lists: tuple[list[Any], ...],
     slices: tuple[tuple[Any, int], ...] = (),
+    buffers: tuple[tuple[str, Any, int, int], ...] = (),
+    inplace: tuple[int, ...] = (),
+    tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]] | None = None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Run one converted ``for`` statement: as a scan where ``iterable`` is a time axis and the
     carries are tensors, else as the Python loop. ``slices``: the ``(sequence, axis)`` the body
     indexed at the step number of a range (``x[:, t]``), given to the body after the step
-    number. Returns the carries after the loop and the lists."""
+    number; ``buffers``: the ``(name, tensor, axis, carry position or -1)`` of the tensors the
+    body writes into at the step number; ``inplace``: the positions of the carries it changes
+    only in place (``h += x``); ``tests``: the comparisons the body makes of the step number
+    (``"eq"``...) and a function of the values it compares it with. Returns the carries after
+    the loop and the lists."""
     try:
-        plan = _time_axis(iterable)
-        if any(list.__len__(items) for items in lists):
-            raise _Fallback("a list the loop appends to is not empty before it")
-        return _scan(loop, plan, iterable, body, carry, lists, slices)
+        plan = _time_axis(iterable, loop)
+        for name, buffer, _, _ in buffers:
+            if not isinstance(buffer, torch.Tensor):
+                raise _Fallback(f"it writes into `{name}`, a {type(buffer).__name__}, not a tensor")
+        buffers += _inplace_buffers(loop, carry, inplace)
+        if tests is not None and plan.index is not None:
+            return _scan_with_tests(loop, plan, body, carry, lists, slices, buffers, tests)
+        return _scan(loop, plan, iterable, body, carry, lists, slices, buffers)
     except _Fallback as reason:
-        if loop.strict and plan_is_time(iterable):
+        if loop.strict and plan_is_time(iterable, loop):
             if reason.error is not None:
                 raise reason.error from None
             raise TorchscanTypeError(
@@ -341,6 +549,21 @@ def for_(
             ) from None
         _record(loop, False, str(reason))
         return _python(_python_iteration(iterable, slices), body, carry, lists)
+
+
+def _inplace_buffers(
+    loop: Loop, carry: tuple[Any, ...], inplace: tuple[int, ...]
+) -> tuple[tuple[str, Any, int, int], ...]:
+    """The carries changed only in place, as buffers carried whole: each gets its last value
+    after the scan, as the loop would have left it."""
+    found = []
+    for position in inplace:
+        value = carry[position]
+        if isinstance(value, torch.Tensor):
+            found.append((loop.carries[position], value, 0, position))
+        elif value is UNDEFINED or value is None:
+            raise _Fallback(f"`{loop.carries[position]}`, changed in place, is {value} before it")
+    return tuple(found)
 
 
 def _python_iteration(iterable: Any, slices: tuple[tuple[Any, int], ...]) -> Iterator[Any]:
@@ -351,9 +574,9 @@ def _python_iteration(iterable: Any, slices: tuple[tuple[Any, int], ...]) -> Ite
     return items
 
 
-def plan_is_time(iterable: Any) -> bool:
+def plan_is_time(iterable: Any, loop: Loop) -> bool:
     try:
-        _time_axis(iterable)
+        _time_axis(iterable, loop)
     except _Fallback:
         return False
     return True
@@ -368,11 +591,12 @@ class _Plan:
     sequences: tuple[torch.Tensor, ...]
     axes: tuple[int, ...]
     shape: str  # "index", "item", "tuple", "enumerate"
+    keepdim: tuple[bool, ...] = ()  # of each sequence: its items keep the axis (split)
 
 
-def _time_axis(iterable: Any) -> _Plan:
+def _time_axis(iterable: Any, loop: Loop) -> _Plan:
     if isinstance(iterable, Range):
-        if not iterable.sized:
+        if not iterable.sized and not loop.stops:
             raise _Fallback(
                 "it counts to a Python number, not to a tensor's size: layers, heads or a "
                 "fixed number of steps stay Python"
@@ -383,12 +607,13 @@ def _time_axis(iterable: Any) -> _Plan:
         if iterable.enumerated and isinstance(inner, _Zipped):
             if inner.enumerated:
                 raise _Fallback("it enumerates an enumerate")
-            plan = _time_axis(inner)
+            plan = _time_axis(inner, loop)
             return dataclasses.replace(plan, shape="enumerate-zip")
         axes = tuple(_axis_of(p) for p in iterable.parts)
         tensors = tuple(p.tensor if isinstance(p, Unbound) else p for p in iterable.parts)
+        keepdim = tuple(isinstance(p, Unbound) and p.keepdim for p in iterable.parts)
         shape = "enumerate" if iterable.enumerated else "tuple"
-        return _Plan(None, tensors, axes, shape)  # type: ignore[arg-type]
+        return _Plan(None, tensors, axes, shape, keepdim)  # type: ignore[arg-type]
     axis = _axis_of(iterable)
     if axis is None:
         what = type(iterable).__name__
@@ -396,7 +621,8 @@ def _time_axis(iterable: Any) -> _Plan:
             what = "a 0-d tensor"
         raise _Fallback(f"it iterates over a {what}, not along a tensor's axis")
     tensor = iterable.tensor if isinstance(iterable, Unbound) else iterable
-    return _Plan(None, (tensor,), (axis,), "item")
+    keepdim = isinstance(iterable, Unbound) and iterable.keepdim
+    return _Plan(None, (tensor,), (axis,), "item", (keepdim,))
 
 
 def _python_items(iterable: Any) -> Iterator[Any]:
@@ -412,15 +638,17 @@ def _python_items(iterable: Any) -> Iterator[Any]:
 
 def _python(
     items: Iterator[Any],
-    body: Callable[[Any, tuple[Any, ...]], tuple[tuple[Any, ...], tuple[Any, ...]]],
+    body: Callable[..., Any],
     carry: tuple[Any, ...],
     lists: tuple[list[Any], ...],
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The original loop."""
     for item in items:
-        carry, ys = body(item, carry)
-        for items_, y in builtins.zip(lists, ys, strict=True):
+        carry, ys, *stop = body(item, carry, False)
+        for items_, y in builtins.zip(lists, ys, strict=False):  # then the buffers' Nones
             items_.append(y)
+        if stop and stop[0] is STOP:
+            break
     return carry, lists
 
 
@@ -476,10 +704,11 @@ def _scan(
     loop: Loop,
     plan: _Plan,
     iterable: Any,
-    body: Callable[[Any, tuple[Any, ...]], tuple[tuple[Any, ...], tuple[Any, ...]]],
+    body: Callable[..., Any],
     carry: tuple[Any, ...],
     lists: tuple[list[Any], ...],
     slices: tuple[tuple[Any, int], ...],
+    buffers: tuple[tuple[str, Any, int, int], ...] = (),
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     from torchscan._scan import scan
 
@@ -501,8 +730,17 @@ def _scan(
         xs.extend(plan.sequences)
         in_axes.extend(plan.axes)
     shape = plan.shape
+    # the sequences whose items keep their axis (split), after the step numbers of enumerate
+    offset = len(xs) - len(plan.sequences)
+    kept_axes = {
+        offset + k: a
+        for k, (a, keep) in enumerate(builtins.zip(plan.axes, plan.keepdim, strict=False))
+        if keep
+    }
 
     def step(c: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[Any, Any]:
+        if kept_axes:
+            x = tuple(v.unsqueeze(kept_axes[k]) if k in kept_axes else v for k, v in enumerate(x))
         if shape == "index":
             if not slices:
                 item = x[0]
@@ -518,10 +756,9 @@ def _scan(
             item = (x[0], x[1])
         else:  # enumerate of zip
             item = (x[0], tuple(x[1:]))
-        new, ys = body(item, c)
-        return new, ys
+        return body(item, c, True)
 
-    step.__qualname__ = step.__name__ = f"<loop at line {loop.lineno}>"
+    step = _standing_for(step, body, loop)
     lengths = {
         int(t.shape[a]) for t, a in builtins.zip(xs, in_axes, strict=True) if not _symbolic(t, a)
     }
@@ -529,6 +766,8 @@ def _scan(
         raise _Fallback("the sequences it zips have different lengths")
     first: tuple[Any, ...] | None = None
     reason = _not_a_carry(loop.carries, carry)
+    if reason is not None and loop.stops:
+        raise _Fallback(f"{reason}, and the loop may `break` at its first step")
     if reason is not None:  # the first step as Python runs it, the others scanned from its carry
         n = xs[0].shape[in_axes[0]]
         if isinstance(n, int) and n == 0:
@@ -536,7 +775,7 @@ def _scan(
         torch._check(n > 0, lambda: f"{API}: {reason}, and the loop at {loop.where()} ran no step")
         first_index = n - 1 if reverse else 0
         x0 = tuple(t.select(a, first_index) for t, a in builtins.zip(xs, in_axes, strict=True))
-        carry, first_ys = step(carry, x0)
+        carry, first_ys = step(carry, x0)[:2]
         first = first_ys
         xs = [
             t.narrow(a, 0 if reverse else 1, n - 1)
@@ -548,6 +787,8 @@ def _scan(
                 raise TorchscanTypeError(
                     f"{API}: the loop of {loop.where()} runs as Python: {reason}"
                 )
+            if buffers:
+                raise _Fallback(reason)  # the first step wrote nothing in place
             _record(loop, False, reason)
             for items, y in builtins.zip(lists, first_ys, strict=True):
                 items.append(y)
@@ -556,17 +797,313 @@ def _scan(
     try:
         options: dict[str, Any] = {"in_reverse": True} if reverse else {}  # in step order
         new, ys = scan(step, carry, tuple(xs), in_axes=tuple(in_axes), **options)
-    except TorchscanError as error:
-        raise _Fallback(_first_line(error)) from None
-    except Exception as error:  # the Python loop raises it again where it is the user's
-        raise _Fallback(
-            f"its step failed as a scan ({type(error).__name__}: {_first_line(error)})", error
-        ) from None
-    lazy = _LAZY.format(api=API, where=loop.where()) if _symbolic(xs[0], in_axes[0]) else ""
+    except Exception as error:
+        _failed(error, "scan")
     if first is not None:
         ys = pytree.tree_map(lambda y0, y: torch.cat([y0.unsqueeze(0), y]), first, ys)
+    if buffers:
+        new = _write_back(buffers, plan.index, ys[len(lists) :], new)
+        ys = ys[: len(lists)]
     _record(loop, True, "")
-    return new, tuple(StackedList._of(y, lazy) for y in ys)
+    return new, _lists(loop, ys, lists)
+
+
+def _scan_with_tests(
+    loop: Loop,
+    plan: _Plan,
+    body: Callable[..., Any],
+    carry: tuple[Any, ...],
+    lists: tuple[list[Any], ...],
+    slices: tuple[tuple[Any, int], ...],
+    buffers: tuple[tuple[str, Any, int, int], ...],
+    tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]],
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A loop whose body tests the step number (``if t == 0:``): its first and last steps run
+    as Python, with the step number a number, and the scan runs the others, where each test has
+    the value it has at all of them (else the loop runs as Python)."""
+    assert plan.index is not None
+    ops, others_of = tests
+    try:
+        others = others_of()
+    except Exception as error:  # raised again by the Python loop, at its step
+        raise _Fallback(f"a value the step number is compared with failed ({error})") from None
+    first, direction, n = _steps_of(plan.index)
+    if isinstance(n, int) and n == 0:
+        _record(loop, True, "")
+        return carry, lists
+    if not isinstance(n, int):
+        torch._check(n >= 2, lambda: f"{API}: the loop at {loop.where()} runs fewer than 2 steps")
+
+    def number(k: Any) -> Any:  # the step number of the k-th step
+        return first + direction * k
+
+    def item_at(t: Any) -> Any:
+        return (t, *[_take(s, a, t) for s, a in slices]) if slices else t
+
+    compared = builtins.list(builtins.zip(ops, others, strict=True))
+    short = isinstance(n, int) and n <= 2  # every step peeled
+    constants = tuple(
+        False if short else _constant_test(op, other, (number(1), number(n - 2)), n, direction)
+        for op, other in compared
+    )
+    if any(c is None for c in constants):
+        raise _Fallback("a test of the step number does not have one value at all the middle steps")
+
+    def differs(t: Any) -> bool:  # a test has another value at step number t
+        return any(
+            not _known(getattr(operator, op)(t, other) == c)
+            for (op, other), c in builtins.zip(compared, constants, strict=True)
+        )
+
+    peel_first = short or differs(first) or _not_a_carry(loop.carries, carry) is not None
+    peel_last = not short and differs(number(n - 1))
+    if peel_first:
+        carry, first_ys, *_ = body(item_at(first), carry, False)  # as Python runs it
+        for items, y in builtins.zip(lists, first_ys, strict=False):
+            items.append(y)
+    if short:
+        if n == 2:
+            carry, last_ys, *_ = body(item_at(number(1)), carry, False)
+            for items, y in builtins.zip(lists, last_ys, strict=False):
+                items.append(y)
+        _record(loop, True, "")
+        return carry, lists
+    low = number(1) if peel_first else first
+    count = n - peel_first - peel_last
+    rest = Range(low, low + direction * count, direction)
+    try:
+        carry, made = _scan(
+            loop,
+            dataclasses.replace(plan, index=rest),
+            rest,
+            _with_tests(body, constants),  # type: ignore[arg-type]
+            carry,
+            lists,
+            slices,
+            buffers,
+        )
+    except _Fallback as reason:  # the other steps as Python runs them
+        if loop.strict:
+            raise TorchscanTypeError(
+                f"{API}: the loop of {loop.where()} runs as Python: {reason}"
+            ) from None
+        _record(loop, False, str(reason))
+        steps = (number(k) for k in builtins.range(1 if peel_first else 0, n))
+        return _python((item_at(t) for t in steps), body, carry, lists)
+    if not peel_last:
+        return carry, made
+    carry, last_ys, *_ = body(item_at(number(n - 1)), carry, False)
+    return carry, tuple(
+        _with_last(items, y) for items, y in builtins.zip(made, last_ys, strict=False)
+    )
+
+
+def _known(value: Any) -> bool:
+    """Whether ``value`` (a bool, or a symbolic one while torch traces) is surely true."""
+    if isinstance(value, builtins.bool):
+        return value
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(value)
+
+
+def _with_tests(body: Callable[..., Any], constants: tuple[bool, ...]) -> Callable[..., Any]:
+    """``body`` given the values of its tests of the step number (positionally: its parameter's
+    name is mangled in a method)."""
+
+    def tested(item: Any, carry: tuple[Any, ...], scanning: bool) -> Any:
+        return body(item, carry, scanning, constants)
+
+    tested.__wrapped__ = body  # type: ignore[attr-defined]
+    return tested
+
+
+def _steps_of(r: Range) -> tuple[Any, int, Any]:
+    """The first step number of a range in the order it runs, +1 or -1, and how many steps."""
+    if all(isinstance(v, int) for v in (r.start, r.stop, r.step)):
+        values = builtins.range(r.start, r.stop, r.step)
+        if r.reverse:
+            values = values[::-1]
+        if values.step not in (1, -1):
+            raise _Fallback("it tests the step number of a range that steps by more than 1")
+        return (values[0] if values else 0), values.step, len(values)
+    if r.step not in (1, -1):
+        raise _Fallback("it tests the step number of a range that steps by more than 1")
+    n = r.stop - r.start if r.step == 1 else r.start - r.stop
+    first = r.start
+    last = first + r.step * (n - 1)
+    return (last, -r.step, n) if r.reverse else (first, r.step, n)
+
+
+def _constant_test(
+    op: str, other: Any, middle: tuple[Any, Any], n: Any, direction: int
+) -> bool | None:
+    """The value of ``t <op> other`` at every step number ``t`` from ``middle[0]`` to
+    ``middle[1]``, or None where it is not one value (or not known while torch traces)."""
+    compare = getattr(operator, op)
+    if isinstance(n, int):
+        if n <= 2:
+            return False  # no middle step: any value
+        low, high = sorted(middle)
+        values = {builtins.bool(compare(t, other)) for t in builtins.range(low, high + 1)}
+        return values.pop() if len(values) == 1 else None
+    if isinstance(other, torch.Tensor):
+        return None
+    low, high = middle if direction > 0 else middle[::-1]
+    if op in ("eq", "ne"):  # outside the middle steps: never equal
+        outside = _known(other < low) or _known(other > high)
+        return (op == "ne") if outside else None
+    # monotone in t: true at the lowest step number of gt and ge is true at every higher one,
+    # false at the highest is false at every lower one (and the other way for lt and le)
+    rising = op in ("gt", "ge")
+    if _known(compare(low if rising else high, other)):
+        return True
+    if _known(compare(high if rising else low, other) == False):  # noqa: E712 (symbolic)
+        return False
+    return None
+
+
+def _with_last(items: Any, y: Any) -> Any:
+    """A loop's list with the value of its last step appended, keeping its stacked outputs."""
+    stacked = _stacked(items)
+    if (
+        stacked is not None
+        and isinstance(y, torch.Tensor)
+        and y.shape == stacked.shape[1:]
+        and y.dtype == stacked.dtype
+    ):
+        return StackedList._of(torch.cat([stacked, y.unsqueeze(0)]), items.lazy)
+    if getattr(items, "lazy", ""):
+        raise TorchscanTypeError(items.lazy)
+    items = builtins.list(items)
+    items.append(y)
+    return items
+
+
+def _lists(
+    loop: Loop, ys: tuple[Any, ...], before: tuple[list[Any], ...]
+) -> tuple[StackedList, ...]:
+    """The lists a loop appended to: the items they held ``before`` it (``[y0]``) and its
+    stacked outputs; their items made only where the number of steps is a number (not while
+    torch traces the model)."""
+    made = []
+    for y, items in builtins.zip(ys, before, strict=True):
+        lazy = "" if isinstance(y.shape[0], int) else _LAZY.format(api=API, where=loop.where())
+        prefix = list.__getitem__(items, slice(None))
+        if prefix and all(
+            isinstance(p, torch.Tensor)
+            and p.shape == y.shape[1:]
+            and p.dtype == y.dtype
+            and p.device == y.device
+            for p in prefix
+        ):
+            y = torch.cat([torch.stack(prefix), y])
+        elif prefix:  # items unlike the loop's: a list of them all, no stacked outputs
+            if lazy:
+                raise TorchscanTypeError(lazy)
+            result = StackedList([*prefix, *y.unbind(0)])
+            result.stacked, result.lazy = None, ""
+            made.append(result)
+            continue
+        made.append(StackedList._of(y, lazy))
+    return tuple(made)
+
+
+def while_(
+    loop: Loop,
+    test: Callable[[tuple[Any, ...]], Any],
+    body: Callable[..., Any],
+    carry: tuple[Any, ...],
+    lists: tuple[list[Any], ...],
+    inplace: tuple[int, ...] = (),
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Run one converted ``while`` statement: as a :func:`torchscan.loop` where its condition
+    is a tensor (or ``True``, with an ``if condition: break`` in the body) and the carries are
+    tensors, else as the Python loop. ``test(carry)`` is the condition. Returns the carries
+    after the loop and the lists."""
+    first = test(carry)  # as Python, before the first step
+    is_tensor = isinstance(first, torch.Tensor)
+    try:
+        if not is_tensor and not (first is True and loop.stops):
+            raise _Fallback(
+                f"its condition is a {type(first).__name__}, not a tensor: it counts in Python"
+            )
+        reason = _not_a_carry(loop.carries, carry)
+        if reason is not None:
+            raise _Fallback(reason)
+        buffers = _inplace_buffers(loop, carry, inplace)
+        new, ys = _while_loop(loop, test, body, carry, first if is_tensor else None, lists)
+        return _write_back(buffers, None, (), new), ys
+    except _Fallback as reason:
+        if loop.strict and is_tensor:
+            if reason.error is not None:
+                raise reason.error from None
+            raise TorchscanTypeError(
+                f"{API}: the loop of {loop.where()} runs as Python: {reason}"
+            ) from None
+        _record(loop, False, str(reason))
+        going = first
+        while going:
+            carry, ys, *stop = body(None, carry, False)
+            for items, y in builtins.zip(lists, ys, strict=False):
+                items.append(y)
+            if stop and stop[0] is STOP:
+                break
+            going = test(carry)
+        return carry, lists
+
+
+def _while_loop(
+    loop: Loop,
+    test: Callable[[tuple[Any, ...]], Any],
+    body: Callable[..., Any],
+    carry: tuple[Any, ...],
+    first: torch.Tensor | None,
+    lists: tuple[list[Any], ...],
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    from torchscan._loop import loop as run_loop
+    from torchscan._until import until
+
+    def step(_: torch.Tensor, c: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+        new, ys, *stop = body(None, c, True)
+        done = ~_as_flag(test(new))
+        if stop:
+            done = done | stop[0].stop
+        return new, ys, until(done)
+
+    step = _standing_for(step, body, loop)
+    try:
+        new, ys = run_loop(step, carry, cond=None if first is None else _as_flag(first))
+    except Exception as error:
+        _failed(error, "loop")
+    _record(loop, True, "")
+    return new, _lists(loop, ys, lists)
+
+
+def _failed(error: Exception, what: str) -> NoReturn:
+    """What a step that failed as a ``scan`` or ``loop`` raises: while torch exports the model,
+    the error itself (the Python loop could only be unrolled to the length being traced);
+    else the reason to run the loop as Python, which raises the error again where it is the
+    user's own."""
+    if torch.compiler.is_exporting():
+        raise error
+    if isinstance(error, TorchscanError):
+        raise _Fallback(_first_line(error)) from None
+    raise _Fallback(
+        f"its step failed as a {what} ({type(error).__name__}: {_first_line(error)})", error
+    ) from None
+
+
+def _standing_for(step: Callable[..., Any], body: Callable[..., Any], loop: Loop) -> Any:
+    """``step``, marked (``__wrapped__``) as standing for the loop's ``body``, in the user's file:
+    what torchscan keeps per step function is kept per loop, and refusals of what a step does
+    while a model is exported name the loop and its lines."""
+    if torch.compiler.is_dynamo_compiling():
+        return step  # TorchDynamo cannot set attributes of a partial; nothing is exported
+    inspect.unwrap(body).__qualname__ = f"the loop at line {loop.lineno} of {loop.function}"
+    marked = functools.partial(step)
+    marked.__wrapped__ = body  # type: ignore[attr-defined]
+    return marked
 
 
 def _not_a_carry(
@@ -604,10 +1141,10 @@ def _first_line(error: BaseException) -> str:
 
 
 def kept(loop: Loop, iterable: Any) -> Any:
-    """The iterable of a loop that stays Python, as it is; recorded, and refused with
-    ``strict`` where it runs along a tensor's axis."""
+    """The iterable of a loop that stays Python, as it is (None for a ``while``); recorded,
+    and refused with ``strict`` where it runs along a tensor's axis."""
     _record(loop, False, loop.reason)
-    if loop.strict and _axis_of(iterable) is not None:
+    if loop.strict and iterable is not None and _axis_of(iterable) is not None:
         raise TorchscanTypeError(
             f"{API}: the loop of {loop.where()} runs along a tensor's axis but stays Python: "
             f"{loop.reason}"
