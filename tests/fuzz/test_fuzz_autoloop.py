@@ -53,6 +53,7 @@ class LoopProgram:
             f"    {c} = x.new_full(({B}, {F}), {k + 1}.0)" for k, c in enumerate(self.carries)
         ]
         lines += [f"    {name} = []" for name in self.lists]
+        lines += ["    xb = x.transpose(0, 1)"]  # batch first
         if self.buffer:
             lines += [f"    buf = x.new_zeros(x.shape[0], {B}, {F})"]
         lines += [f"    {head}"]
@@ -75,7 +76,7 @@ def loop_programs(draw: st.DrawFn) -> LoopProgram:
     body: list[str] = []
     buffer = stops = False
     kinds = ["update", "temporary", "from-temporary", "swap", "flag", "append", "augment"]
-    kinds += ["buffer", "break", "step-test"]
+    kinds += ["buffer", "break", "step-test", "indexed"]
     for _ in range(draw(st.integers(1, 6))):
         kind = draw(st.sampled_from(kinds))
         target, source = draw(st.sampled_from(carries)), draw(st.sampled_from(carries))
@@ -100,8 +101,15 @@ def loop_programs(draw: st.DrawFn) -> LoopProgram:
         elif kind == "buffer" and not buffer and HEADERS[header][0].split()[1].rstrip(",") == "t":
             buffer = True
             previous = draw(st.booleans())
-            value = f"buf[t - 1] * 0.5 + {source}" if previous else f"{source} * 2"
-            body.append(f"buf[t] = {value}")
+            rest = draw(st.sampled_from(["", ", :, 1:"]))  # the whole row or a part
+            part = "[:, 1:]" if rest else ""
+            value = (
+                f"buf[t - 1{rest}] * 0.5 + {source}{part}" if previous else f"{source}{part} * 2"
+            )
+            body.append(f"buf[t{rest}] = {value}")
+        elif kind == "indexed" and HEADERS[header][0].split()[1] == "t":
+            part = draw(st.sampled_from(["x[t, :, 0:1]", "x[t, 1]", "xb[:, t, 1:2]", "xb[:, t]"]))
+            body.append(f"{target} = {target} * 0.5 + {part}")
         elif kind == "step-test" and HEADERS[header][0].split()[1] == "t":
             test = draw(st.sampled_from(["t == 0", "t > 1", "t == len(x) - 1", "t != 2"]))
             if draw(st.booleans()):

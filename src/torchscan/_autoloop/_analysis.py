@@ -48,6 +48,8 @@ class BufferWrite:
     axis: int
     stmt: ast.stmt = dataclasses.field(compare=False, repr=False)
     carried: bool = False
+    rest: tuple[ast.expr, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    """The indices after the step number (``out[t, :, k]``: ``:, k``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,12 +478,15 @@ def _fresh_tensor(value: ast.expr | None) -> bool:
     return isinstance(func, ast.Name) and func.id in _CONSTRUCTORS
 
 
-def _store_key(target: ast.expr, index: str) -> tuple[str, int] | None:
-    """``(name, axis)`` where ``target`` is ``name[:, ..., t]`` (``t`` the step number)."""
+def _store_key(
+    target: ast.expr, index: str, assigned: set[str]
+) -> tuple[str, int, tuple[ast.expr, ...]] | None:
+    """``(name, axis, rest)`` where ``target`` is ``name[:, ..., t, *rest]`` (``t`` the step
+    number, ``rest`` of names the body does not assign)."""
     if not isinstance(target, ast.Subscript) or not isinstance(target.value, ast.Name):
         return None
     load = ast.Subscript(target.value, target.slice, ast.Load())
-    return slice_key(load, index, set())
+    return sliced(load, index, assigned)
 
 
 def buffer_writes(
@@ -491,29 +496,29 @@ def buffer_writes(
     step number ``index``, once per step, where the tensor is made just before the loop by a
     constructor (``torch.zeros``, ``x.new_empty``, ``clone``...: nothing else holds it) and the
     body binds its name to nothing else."""
-    keys: dict[str, list[tuple[ast.stmt, int]]] = {}
+    keys: dict[str, list[tuple[ast.stmt, int, tuple[ast.expr, ...]]]] = {}
+    assigned = names_assigned(body)
     for stmt in body:
         target = None
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
             target = stmt.targets[0]
         elif isinstance(stmt, ast.AugAssign):
             target = stmt.target
-        key = _store_key(target, index) if target is not None else None
+        key = _store_key(target, index, assigned) if target is not None else None
         if key is not None:
-            keys.setdefault(key[0], []).append((stmt, key[1]))
-    assigned = names_assigned(body)
+            keys.setdefault(key[0], []).append((stmt, key[1], key[2]))
     found = []
     for name, writes in keys.items():
         if len(writes) != 1 or name in assigned or name == index:
             continue
         if not _fresh_tensor(_last_binding_before(function.body, loop, name, writes=True)):
             continue
-        stmt, axis = writes[0]
+        stmt, axis, rest = writes[0]
         others = [s for s in body if s is not stmt]
         assert isinstance(stmt, (ast.Assign, ast.AugAssign))
         reads = name in names_loaded(others) or name in names_loaded([stmt.value])
         carried = reads or isinstance(stmt, ast.AugAssign)
-        found.append(BufferWrite(name, axis, stmt, carried))
+        found.append(BufferWrite(name, axis, stmt, carried, rest))
     return found
 
 
@@ -894,7 +899,17 @@ def step_slices(body: Sequence[ast.stmt], index: str, assigned: set[str]) -> lis
 
 
 def slice_key(node: ast.AST, index: str, assigned: set[str]) -> tuple[str, int] | None:
-    """``(name, axis)`` where ``node`` is ``name[:, ..., t, :, ...]`` (loads only)."""
+    """``(name, axis)`` where ``node`` is ``name[:, ..., t, rest...]`` (loads only)."""
+    found = sliced(node, index, assigned)
+    return None if found is None else found[:2]
+
+
+def sliced(
+    node: ast.AST, index: str, assigned: set[str]
+) -> tuple[str, int, tuple[ast.expr, ...]] | None:
+    """``(name, axis, rest)`` where ``node`` is ``name[:, ..., t, *rest]``: full slices before
+    the step number ``t``, and after it indices the body does not change (``x[t, :, k, 1:]``;
+    loads only)."""
     if not (
         isinstance(node, ast.Subscript)
         and isinstance(node.ctx, ast.Load)
@@ -908,14 +923,17 @@ def slice_key(node: ast.AST, index: str, assigned: set[str]) -> tuple[str, int] 
     if len(positions) != 1:
         return None
     axis = positions[0]
-    for k, part in enumerate(parts):
-        if k != axis and not (
+    for part in parts[:axis]:
+        if not (
             isinstance(part, ast.Slice)
             and part.lower is None
             and part.upper is None
             and part.step is None
         ):
             return None
-        if k < axis and not isinstance(part, ast.Slice):
-            return None
-    return node.value.id, axis
+    rest = tuple(parts[axis + 1 :])
+    if names_loaded(rest) & (assigned | {index}) or any(
+        isinstance(sub, (ast.Starred, ast.NamedExpr, ast.Call)) for p in rest for sub in ast.walk(p)
+    ):
+        return None
+    return node.value.id, axis, rest

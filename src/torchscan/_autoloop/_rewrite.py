@@ -103,10 +103,17 @@ class _Slices(ast.NodeTransformer):
         self.index, self.assigned, self.slices = index, assigned, slices
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
-        key = _analysis.slice_key(node, self.index, self.assigned)
-        if key is None:
+        found = _analysis.sliced(node, self.index, self.assigned)
+        if found is None:
             return self.generic_visit(node)
-        return ast.copy_location(_name(f"__autoloop_x_{self.slices.index(key)}"), node)
+        name, axis, rest = found
+        item = ast.copy_location(_name(f"__autoloop_x_{self.slices.index((name, axis))}"), node)
+        if not rest:
+            return item
+        # the axes before the step number's stay in the item: the rest indexes those after
+        parts = [*[ast.Slice() for _ in range(axis)], *rest]
+        index = parts[0] if len(parts) == 1 else ast.Tuple(parts, ast.Load())
+        return ast.copy_location(ast.Subscript(item, index, ast.Load()), node)
 
 
 def _iterable(node: ast.expr, form: _analysis.LoopForm, shadowed: set[str]) -> ast.expr:
@@ -240,7 +247,8 @@ class _Loops(ast.NodeTransformer):
         record = ast.Subscript(_name(LOOPS), ast.Constant(index), ast.Load())
         if info.reason:
             if isinstance(node, ast.For):
-                node.iter = ast.Call(_runtime_attr("kept"), [record, node.iter], [])
+                header = _iterable(node.iter, info.form, self.shadowed)
+                node.iter = ast.Call(_runtime_attr("kept"), [record, header], [])
                 ast.fix_missing_locations(ast.copy_location(node.iter, node))
                 return node
             kept = ast.Expr(ast.Call(_runtime_attr("kept"), [record, ast.Constant(None)], []))
@@ -316,7 +324,10 @@ class _Loops(ast.NodeTransformer):
                 )
                 chosen = ast.Assign([_tuple(kept, ast.Store())], select)
                 body.append(ast.copy_location(ast.If(_name(_SCANNING), [chosen], []), node))
-            until = ast.Call(_runtime_attr("until_"), [_name(_STOP), _name(_SCANNING)], [])
+            stop_line = ast.Constant(node.body[info.stop].lineno)
+            until = ast.Call(
+                _runtime_attr("until_"), [_name(_STOP), _name(_SCANNING), record, stop_line], []
+            )
         surely = _analysis.surely_assigned(node.body)
         body.extend(_returned(info.carries, ys_tuple, until, node, surely))
         out: list[ast.stmt] = []
@@ -376,6 +387,7 @@ class _Loops(ast.NodeTransformer):
                         _name(b.name),
                         ast.Constant(b.axis),
                         ast.Constant(info.carries.index(b.name) if b.carried else -1),
+                        _index_value(b.rest),
                     ],
                     ast.Load(),
                 )
@@ -419,16 +431,32 @@ def _buffer_write(write: _analysis.BufferWrite, index: str, written: dict[str, s
     stmt = write.stmt
     assert isinstance(stmt, (ast.Assign, ast.AugAssign))
     value = stmt.value
+    rest = [ast.keyword("rest", _index_value(write.rest))] if write.rest else []
     if write.carried:
         args = [_name(write.name), ast.Constant(write.axis), _name(index), value, _name(_SCANNING)]
         if isinstance(stmt, ast.AugAssign):
             args.append(ast.Constant(_AUGMENTED[type(stmt.op)]))
-        put = ast.Call(_runtime_attr("put"), args, [])
+        put = ast.Call(_runtime_attr("put"), args, rest)
         return ast.copy_location(ast.Assign([_name(write.name, ast.Store())], put), stmt)
     y = written[write.name]
     args = [_name(write.name), ast.Constant(write.axis), _name(index), value, _name(_SCANNING)]
-    call = ast.Call(_runtime_attr("write"), args, [])
+    call = ast.Call(_runtime_attr("write"), args, rest)
     return ast.copy_location(ast.Assign([_name(y, ast.Store())], call), stmt)
+
+
+def _index_value(parts: tuple[ast.expr, ...]) -> ast.expr:
+    """The indices of a subscript as a value: a tuple, its slices made by ``slice``."""
+
+    def value(part: ast.expr) -> ast.expr:
+        if isinstance(part, ast.Slice):
+            bounds = [
+                b if b is not None else ast.Constant(None)
+                for b in (part.lower, part.upper, part.step)
+            ]
+            return ast.Call(_runtime_attr("slice_"), bounds, [])
+        return part
+
+    return ast.Tuple([value(p) for p in parts], ast.Load())
 
 
 _AUGMENTED = {

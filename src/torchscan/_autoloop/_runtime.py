@@ -24,7 +24,7 @@ from typing import Any, NoReturn, SupportsIndex
 import torch
 
 from torchscan._compat import pytree
-from torchscan._errors import TorchscanError, TorchscanTypeError
+from torchscan._errors import ExportError, TorchscanError, TorchscanTypeError
 
 API = "torchscan.autoloop"
 
@@ -349,25 +349,48 @@ def cat(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
 # -- tensors written at the step number --------------------------------------------------------
 
 
-def _key(axis: int, index: Any) -> tuple[Any, ...]:
-    return (slice(None),) * axis + (index,)
+slice_ = builtins.slice
 
 
-def slot(buffer: Any, axis: int, value: Any) -> torch.Tensor:
-    """What ``buffer[:, ..., t] = value`` writes, in a scan: ``value`` in the buffer's dtype
-    and device, broadcast to the shape of a slot."""
+def _key(axis: int, index: Any, rest: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    return (slice(None),) * axis + (index, *rest)
+
+
+def _basic(rest: tuple[Any, ...]) -> None:
+    """Refuse indices after the step number other than numbers, slices, None and ``...``: a
+    tensor or list there would make a copy, not a view to write into."""
+    for part in rest:
+        if not (part is None or part is Ellipsis or isinstance(part, (int, builtins.slice))):
+            raise TorchscanTypeError(
+                f"{API}: it writes at the step number and then at a {type(part).__name__} index"
+            )
+
+
+def _slots(buffer: torch.Tensor, axis: int, rest: tuple[Any, ...]) -> torch.Tensor:
+    """The view of ``buffer`` that ``buffer[:, ..., t, *rest]`` takes a slot of at each ``t``,
+    its step axis at ``axis``."""
+    _basic(rest)
+    return buffer[(slice(None),) * (axis + 1) + rest] if rest else buffer
+
+
+def slot(buffer: Any, axis: int, value: Any, rest: tuple[Any, ...] = ()) -> torch.Tensor:
+    """What ``buffer[:, ..., t, *rest] = value`` writes, in a scan: ``value`` in the buffer's
+    dtype and device, broadcast to the shape of a slot."""
     if not isinstance(buffer, torch.Tensor):
         raise TorchscanTypeError(f"{API}: it writes into a {type(buffer).__name__}, not a tensor")
-    shape = buffer.shape[:axis] + buffer.shape[axis + 1 :]
+    slots = _slots(buffer, axis, rest)
+    shape = slots.shape[:axis] + slots.shape[axis + 1 :]
     return torch.as_tensor(value, dtype=buffer.dtype, device=buffer.device).expand(shape)
 
 
-def write(buffer: Any, axis: int, index: Any, value: Any, scanning: bool) -> Any:
-    """``buffer[:, ..., index] = value``: as Python runs it, in place (returning None); in a
-    scan, the value for the slot (:func:`slot`), the scan's output, written after it."""
+def write(
+    buffer: Any, axis: int, index: Any, value: Any, scanning: bool, rest: tuple[Any, ...] = ()
+) -> Any:
+    """``buffer[:, ..., index, *rest] = value``: as Python runs it, in place (returning None);
+    in a scan, the value for the slot (:func:`slot`), the scan's output, written after it."""
     if scanning:
-        return slot(buffer, axis, value)
-    buffer[_key(axis, index)] = value
+        return slot(buffer, axis, value, rest)
+    buffer[_key(axis, index, rest)] = value
     return None
 
 
@@ -377,12 +400,18 @@ def _wrapped(index: torch.Tensor, size: Any) -> torch.Tensor:
 
 
 def put(
-    buffer: Any, axis: int, index: Any, value: Any, scanning: bool, op: str | None = None
+    buffer: Any,
+    axis: int,
+    index: Any,
+    value: Any,
+    scanning: bool,
+    op: str | None = None,
+    rest: tuple[Any, ...] = (),
 ) -> Any:
-    """``buffer[:, ..., index] = value`` (``op=`` where ``op`` is given: ``+=`` for ``"add"``):
-    as Python runs it, in place, returning ``buffer``; in a scan, where ``index`` is a 0-d
-    tensor, a new tensor with the slot written."""
-    key = _key(axis, index)
+    """``buffer[:, ..., index, *rest] = value`` (``op=`` where ``op`` is given: ``+=`` for
+    ``"add"``): as Python runs it, in place, returning ``buffer``; in a scan, where ``index`` is
+    a 0-d tensor, a new tensor with the slot written."""
+    key = _key(axis, index, rest)
     if not scanning:
         if op is None:
             buffer[key] = value
@@ -394,11 +423,16 @@ def put(
         raise TorchscanTypeError(f"{API}: it writes into a {type(buffer).__name__}, not a tensor")
     position = _wrapped(torch.as_tensor(index, device=buffer.device), buffer.shape[axis])
     position = position.reshape(1)
+    slots = _slots(buffer, axis, rest)
     if op is not None:
-        current = buffer.index_select(axis, position).squeeze(axis)
+        current = slots.index_select(axis, position).squeeze(axis)
         value = getattr(operator, op)(current, value)
-    new = slot(buffer, axis, value).unsqueeze(axis)
-    return buffer.index_copy(axis, position, new)
+    new_slot = slot(buffer, axis, value, rest).unsqueeze(axis)
+    if not rest:
+        return buffer.index_copy(axis, position, new_slot)
+    new = buffer.clone()
+    _slots(new, axis, rest).index_copy_(axis, position, new_slot)
+    return new
 
 
 def augmented(value: Any, operand: Any, op: str, scanning: bool) -> Any:
@@ -419,7 +453,7 @@ def augmented(value: Any, operand: Any, op: str, scanning: bool) -> Any:
 
 
 def _write_back(
-    buffers: tuple[tuple[str, Any, int, int], ...],
+    buffers: tuple[tuple[Any, ...], ...],
     r: Range | None,
     outputs: tuple[torch.Tensor, ...],
     carry: tuple[Any, ...],
@@ -429,7 +463,7 @@ def _write_back(
     into them, which stay the objects the names were bound to."""
     values = builtins.list(carry)
     written = iter(outputs)
-    for _, buffer, axis, position in buffers:
+    for _, buffer, axis, position, *rest in buffers:
         if position >= 0:
             new = values[position]
             if new is not buffer:
@@ -445,7 +479,9 @@ def _write_back(
         if r.reverse:
             steps = steps.flip(0)
         steps = _wrapped(steps[: stacked.shape[0]], buffer.shape[axis])
-        buffer.index_copy_(axis, steps, stacked.movedim(0, axis))
+        _slots(buffer, axis, tuple(rest[0]) if rest else ()).index_copy_(
+            axis, steps, stacked.movedim(0, axis)
+        )
     return tuple(values)
 
 
@@ -491,12 +527,20 @@ def select(flag: Any, before: tuple[Any, ...], after: tuple[Any, ...]) -> Any:
     return pytree.tree_map(lambda b, a: torch.where(condition, b, a), before, after)
 
 
-def until_(flag: Any, scanning: bool) -> Any:
-    """The step's stop flag in a scan; as Python runs it, None (the step did not stop)."""
+def until_(flag: Any, scanning: bool, loop: Loop | None = None, line: int = 0) -> Any:
+    """The step's stop flag in a scan; as Python runs it, None (the step did not stop).
+    ``loop`` and ``line``: the loop and the line of its ``if condition: break``."""
     if not scanning:
         return None
     from torchscan._until import until
 
+    if isinstance(flag, torch.SymBool) and loop is not None:  # read from a tensor's value
+        raise ExportError(
+            f"{API}: the condition of `break` at line {line} of {loop.function} "
+            f"({loop.filename}) is a Python bool made from a tensor's value (.item(), float()), "
+            "which is known only when the exported model runs: compare the tensor itself "
+            "(`if x < tol: break` rather than `if x.item() < tol: break`)"
+        )
     return until(_as_flag(flag))
 
 
@@ -519,7 +563,7 @@ def for_(
     carry: tuple[Any, ...],
     lists: tuple[list[Any], ...],
     slices: tuple[tuple[Any, int], ...] = (),
-    buffers: tuple[tuple[str, Any, int, int], ...] = (),
+    buffers: tuple[tuple[Any, ...], ...] = (),
     inplace: tuple[int, ...] = (),
     tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]] | None = None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -533,7 +577,7 @@ def for_(
     the loop and the lists."""
     try:
         plan = _time_axis(iterable, loop)
-        for name, buffer, _, _ in buffers:
+        for name, buffer, *_ in buffers:
             if not isinstance(buffer, torch.Tensor):
                 raise _Fallback(f"it writes into `{name}`, a {type(buffer).__name__}, not a tensor")
         buffers += _inplace_buffers(loop, carry, inplace)
@@ -548,12 +592,13 @@ def for_(
                 f"{API}: the loop of {loop.where()} runs as Python: {reason}"
             ) from None
         _record(loop, False, str(reason))
+        _refuse_unrolling(loop, iterable, str(reason))
         return _python(_python_iteration(iterable, slices), body, carry, lists)
 
 
 def _inplace_buffers(
     loop: Loop, carry: tuple[Any, ...], inplace: tuple[int, ...]
-) -> tuple[tuple[str, Any, int, int], ...]:
+) -> tuple[tuple[Any, ...], ...]:
     """The carries changed only in place, as buffers carried whole: each gets its last value
     after the scan, as the loop would have left it."""
     found = []
@@ -678,6 +723,8 @@ def _range_sequences(
         reverse = r.reverse != (step == -1)
         if all(isinstance(v, int) for v in (low, count)):
             count = max(count, 0)
+            if count == 0:  # no step: an empty slice anywhere (past the end, too)
+                low = 0
             if low < 0 < low + count:  # Python's indexing wraps around, narrowing does not
                 return _index_sequences(r, device), [0], False, False
         index = torch.arange(low, low + count, device=device)
@@ -708,7 +755,7 @@ def _scan(
     carry: tuple[Any, ...],
     lists: tuple[list[Any], ...],
     slices: tuple[tuple[Any, int], ...],
-    buffers: tuple[tuple[str, Any, int, int], ...] = (),
+    buffers: tuple[tuple[Any, ...], ...] = (),
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     from torchscan._scan import scan
 
@@ -815,7 +862,7 @@ def _scan_with_tests(
     carry: tuple[Any, ...],
     lists: tuple[list[Any], ...],
     slices: tuple[tuple[Any, int], ...],
-    buffers: tuple[tuple[str, Any, int, int], ...],
+    buffers: tuple[tuple[Any, ...], ...],
     tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]],
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """A loop whose body tests the step number (``if t == 0:``): its first and last steps run
@@ -1142,11 +1189,38 @@ def _first_line(error: BaseException) -> str:
 
 def kept(loop: Loop, iterable: Any) -> Any:
     """The iterable of a loop that stays Python, as it is (None for a ``while``); recorded,
-    and refused with ``strict`` where it runs along a tensor's axis."""
+    and refused with ``strict`` where it runs along a tensor's axis, and while torch exports
+    where the number of its steps is a dynamic size (the loop would be unrolled to the length
+    being traced)."""
     _record(loop, False, loop.reason)
     if loop.strict and iterable is not None and _axis_of(iterable) is not None:
         raise TorchscanTypeError(
             f"{API}: the loop of {loop.where()} runs along a tensor's axis but stays Python: "
             f"{loop.reason}"
         )
+    _refuse_unrolling(loop, iterable, loop.reason)
     return iterable
+
+
+def _refuse_unrolling(loop: Loop, iterable: Any, reason: str) -> None:
+    """Refuse, while torch exports, a loop that runs as Python over a dynamic number of steps."""
+    if iterable is None or not torch.compiler.is_exporting() or not _dynamic_steps(iterable):
+        return
+    raise ExportError(
+        f"{API}: the loop of {loop.where()} runs as Python ({reason}), so torch.export would "
+        "unroll it to the length being traced, which is dynamic: rewrite it as the reason says, "
+        "or export with a static length"
+    )
+
+
+def _dynamic_steps(iterable: Any) -> bool:
+    """Whether the number of steps of iterating ``iterable`` is a symbolic size."""
+    if isinstance(iterable, Range):
+        return not all(isinstance(v, int) for v in (iterable.start, iterable.stop, iterable.step))
+    if isinstance(iterable, _Zipped):
+        return any(_dynamic_steps(p) for p in iterable.parts)
+    axis = _axis_of(iterable)
+    if axis is None:
+        return False
+    tensor = iterable.tensor if isinstance(iterable, Unbound) else iterable
+    return _symbolic(tensor, axis)
