@@ -1,4 +1,4 @@
-"""``torchscan.autoloop``: the ``for`` loops of a function or module, run as scans."""
+"""``torchscan.autoloop``: the ``for`` and ``while`` loops of a function or module, run as scans."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ _API = _runtime.API
 
 @dataclasses.dataclass(frozen=True)
 class LoopReport:
-    """One ``for`` statement that :func:`autoloop` found.
+    """One ``for`` or ``while`` statement that :func:`autoloop` found.
 
     Attributes:
         function: the qualified name of the function that holds the loop.
         filename: the file it is written in.
-        lineno: the line of its ``for``.
+        lineno: the line of its ``for`` or ``while``.
         converted: whether it runs as a scan: before the first run, whether it may; after a
             run, whether the last run did.
         reason: why it stays (or last ran as) a Python loop, with the line of the construct and
@@ -78,23 +78,31 @@ def autoloop(obj: Any = None, *, strict: bool = False) -> Any:
     Unlike rewriting the loop by hand, nothing about the loop changes where it does not step
     along a tensor's axis: which loops run as scans is decided at every run from the values
     the loop is given, as TensorFlow's AutoGraph decides. A ``range`` whose bounds come from a
-    tensor's size (``x.shape[0]``, ``x.size(1)``, ``len(x)``, or a name assigned from one)
-    and a tensor's rows (also through ``unbind``, ``enumerate`` and ``zip``) are time axes; a
-    range of Python numbers, an ``nn.ModuleList`` or a list stay Python loops. A carry that is
-    ``None``, a Python number or unbound before the loop is made by the first step, run as
-    Python, and the scan runs the others. A loop also runs as Python, with the reason in
-    :func:`autoloop_report`, where a carry is still not a tensor (or a pytree of tensors) after
-    its first step, or where :func:`torchscan.scan` refuses its step; a loop
-    whose body ``break``\\ s, ``continue``\\ s, returns, sets attributes, writes into tensors at
-    an index or changes a carry in place is never converted, since its meaning as a scan could
-    differ. In a run that torch traces (``torch.export``, ``torch.onnx.export``), a converted
-    loop is one loop operator of dynamic length; its lists can then only be stacked or
-    concatenated.
+    tensor's size (``x.shape[0]``, ``x.size(1)``, ``len(x)``, or a name assigned from one),
+    a tensor's rows (also through ``unbind``, ``split(1, d)``, ``enumerate`` and ``zip``) and a
+    ``while`` on a tensor are time loops; a range of Python numbers with no ``if condition:
+    break``, an ``nn.ModuleList`` or a list stay Python loops. A carry that is ``None``, a
+    Python number or unbound before the loop is made by the first step, run as Python, and the
+    scan runs the others. An ``if condition: break`` of the body ends the scan as
+    :func:`torchscan.until` does; a tensor made before the loop and written at the step number
+    (``out[:, t] = h``) gets the scan's outputs, or is carried whole where the body reads it;
+    ``h += x`` on a carry changes the tensor the loop started from, after the scan; tests of the
+    step number (``if t == 0:``) run the first and last steps as Python. A loop also runs as
+    Python, with the reason in :func:`autoloop_report`, where a carry is still not a tensor (or
+    a pytree of tensors) after its first step, or where :func:`torchscan.scan` refuses its
+    step; a loop whose body has a ``continue``, a ``return`` or another ``break``, sets
+    attributes, writes into tensors at other indices or draws Python random numbers is never
+    converted, since its meaning as a scan could differ. In a run that torch traces
+    (``torch.export``, ``torch.onnx.export``), a converted loop is one loop operator of dynamic
+    length; its lists can then only be stacked or concatenated, and a loop that stays Python
+    over a dynamic length is refused with a :class:`torchscan.ExportError` rather than
+    unrolled.
 
     Args:
         obj: a function (returns the converted function), a method, or an ``nn.Module``
-            (converts, in place, the methods with ``for`` loops of the module and of its
-            submodules, defined in their classes but not in torch's, and returns the module).
+            (converts, in place, the methods with ``for`` or ``while`` loops of the module and
+            of its submodules, defined in their classes but not in torch's, and returns the
+            module).
             Without ``obj``, a decorator.
         strict: raise a ``TypeError`` for a loop that steps along a tensor's axis and cannot be
             converted (at conversion where its header shows it, else when it runs), rather than
@@ -284,9 +292,9 @@ def _loops_of(obj: Any) -> list[tuple[Callable[..., Any], list[_runtime.Loop]]]:
 
 
 def autoloop_report(obj: Any) -> list[LoopReport]:
-    """One row per ``for`` statement that :func:`autoloop` found in ``obj`` (a converted
-    function or method, or a module given to it): where it is, whether it converts (before its
-    first run) or last ran as a scan, and why not.
+    """One row per ``for`` or ``while`` statement that :func:`autoloop` found in ``obj`` (a
+    converted function or method, or a module given to it): where it is, whether it converts
+    (before its first run) or last ran as a scan, and why not.
 
     Raises:
         TypeError: ``obj`` is a function that :func:`autoloop` did not convert.
