@@ -23,7 +23,8 @@ class Program:
     reason: str = ""  # words of the report's reason where it does not convert
     empty_raises: bool = False  # torch.stack of no step raises, in the original too
     time_axis: int = 0  # of the first input
-    hoists: bool = True  # a scan whose step torchscan hoists from its third call
+    hoists: bool = True  # a scan whose step torchscan hoists from its third call (on every
+    # torch release)
     loops: int = 1  # the Scan and Loop nodes of its export
     export_error: str = ""  # words of the error its export raises, where it cannot export
     differentiable: bool = True  # its outputs have gradients (not under torch.no_grad)
@@ -627,7 +628,7 @@ PROGRAMS: dict[str, Program] = {
     "conjugate-gradient": Program(ConjugateGradient, _spd, hoists=False),  # a while loop
     "power-iteration": Program(PowerIteration, _gapped, hoists=False),
     "buffer": Program(Buffer, lambda n: (_x(n, batch_first=True),), time_axis=1),
-    # indexing the table at a step number computed from t reads t's value: not hoisted
+    # indexing the table at a step number computed from t reads t's value before torch 2.15
     "forward-table": Program(ForwardTable, lambda n: (_x(n + 1),), hoists=False),
     "accumulate": Program(Accumulate, lambda n: (_x(n),)),
     "first-step": Program(
