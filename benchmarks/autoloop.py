@@ -1,7 +1,9 @@
 """Loops converted by ``torchscan.autoloop`` against the same loops as written.
 
-Two models as their authors write them (an Elman RNN with ``x[t]`` and a GRU cell over the rows
-of ``x``, outputs appended to a list and stacked), run as written and converted by
+Four models as their authors write them (an Elman RNN with ``x[t]`` and a GRU cell over the rows
+of ``x``, outputs appended to a list and stacked; a batch-first GRU cell writing its states into
+a buffer, ``out[:, t] = h``; a fixed-point iteration that stops at a tolerance, ``if ...:
+break``, at most T steps), run as written and converted by
 ``torchscan.autoloop``, interleaved in one process (each repetition runs both, in rotating
 order) on one thread: forward (``no_grad``) and forward + backward. The medians are reported,
 and the converted loop's ratio to the loop as written (below 1: faster). The converted model is
@@ -56,6 +58,50 @@ class GRU(torch.nn.Module):
         return torch.stack(outs)
 
 
+class Buffer(torch.nn.Module):
+    def __init__(self, features: int, hidden: int) -> None:
+        super().__init__()
+        self.cell = torch.nn.GRUCell(features, hidden)
+        self.hidden = hidden
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.transpose(0, 1)  # batch first
+        batch, seq_len, _ = x.shape
+        out = x.new_zeros(batch, seq_len, self.hidden)
+        h = x.new_zeros(batch, self.hidden)
+        for t in range(seq_len):
+            h = self.cell(x[:, t], h)
+            out[:, t] = h
+        return out
+
+
+class FixedPoint(torch.nn.Module):
+    def __init__(self, features: int, hidden: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(hidden, hidden)
+        with torch.no_grad():  # a contraction: some 50 steps to the tolerance
+            self.w.weight.copy_(torch.randn(hidden, hidden) * 0.9 / hidden**0.5)
+        self.tol = 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = x.mean(0) * 4
+        z = torch.zeros_like(u)
+        for _ in range(x.shape[0]):
+            z_next = torch.tanh(self.w(z) + u)
+            if (z_next - z).abs().max() < self.tol:
+                break
+            z = z_next
+        return z
+
+
+MODELS = (
+    ("Elman (x[t])", Elman),
+    ("GRUCell (rows of x)", GRU),
+    ("GRUCell (out[:, t] = h)", Buffer),
+    ("fixed point (break)", FixedPoint),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--T", type=int, default=256)
@@ -73,7 +119,7 @@ def main() -> None:
     )
     print("| model | mode | as written (ms) | converted (ms) | ratio |")
     print("| --- | --- | ---: | ---: | ---: |")
-    for name, cls in (("Elman (x[t])", Elman), ("GRUCell (rows of x)", GRU)):
+    for name, cls in MODELS:
         written = cls(args.H, args.H)
         converted = torchscan.autoloop(copy.deepcopy(written))
         for mode in ("forward, no_grad", "forward + backward"):

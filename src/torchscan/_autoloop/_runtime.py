@@ -503,6 +503,8 @@ STOP: Any = _Stop()
 def _as_flag(value: Any) -> torch.Tensor:
     """The 0-d bool tensor a condition is true for, as ``if value:`` reads it."""
     if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool and value.dim() == 0:
+            return value
         if value.numel() != 1:
             raise TorchscanTypeError(
                 f"{API}: the condition is a tensor of {value.numel()} values, not one"
