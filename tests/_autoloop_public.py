@@ -1606,20 +1606,9 @@ PUBLIC: dict[str, Program] = {
         "writes into `h` at an index",
         empty_raises=True,
     ),
-    "indrnn": Program(
-        IndRNN,
-        lambda n: (_seq(n, D),),
-        False,
-        "indexes a tuple at the step number",
-        empty_raises=True,
-    ),
-    # both directions count to the length of a tuple of rows (a Python number)
+    "indrnn": Program(IndRNN, lambda n: (_seq(n, D),), empty_raises=True, loops=2),
     "custom-lstms-bidir": Program(
-        BidirLSTMLayer,
-        lambda n: (_seq(n, D),),
-        False,
-        "counts to a Python number",
-        empty_raises=True,
+        BidirLSTMLayer, lambda n: (_seq(n, D),), empty_raises=True, loops=2
     ),
     "mlstm-sentiment": Program(SentimentNeuron, lambda n: (_seq(n, D),), empty_raises=True),
     "greedy-eos-break": Program(GreedyUntilEOS, lambda n: (_seq(n, D),), loops=2),

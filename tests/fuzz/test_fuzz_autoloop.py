@@ -34,6 +34,7 @@ HEADERS = {
     "enumerate": ("for t, x_t in enumerate(x):", "x_t * (t + 1)"),
     "zip": ("for x_t, y_t in zip(x, x.flip(0)):", "(x_t - y_t)"),
     "reversed": ("for t in reversed(range(1, len(x))):", "x[:, :][t]"),
+    "unbound": ("for t in range(len(xs)):", "xs[t]"),  # xs = x.unbind(0)
 }
 
 
@@ -53,7 +54,7 @@ class LoopProgram:
             f"    {c} = x.new_full(({B}, {F}), {k + 1}.0)" for k, c in enumerate(self.carries)
         ]
         lines += [f"    {name} = []" for name in self.lists]
-        lines += ["    xb = x.transpose(0, 1)"]  # batch first
+        lines += ["    xb = x.transpose(0, 1)", "    xs = x.unbind(0)"]  # batch first, rows
         if self.buffer:
             lines += [f"    buf = x.new_zeros(x.shape[0], {B}, {F})"]
         lines += [f"    {head}"]

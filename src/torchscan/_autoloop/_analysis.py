@@ -634,9 +634,16 @@ def fresh_lists(
 
 
 def _empty_list(node: ast.expr) -> bool:
-    """Whether ``node`` makes a new list: ``[]``, ``list()``, or a literal ``[a, b]``."""
+    """Whether ``node`` makes a new list: ``[]``, ``list()``, a literal ``[a, b]``, or
+    TorchScript's ``torch.jit.annotate(List[Tensor], [])``."""
     if isinstance(node, ast.List):
         return not any(isinstance(e, ast.Starred) for e in node.elts)
+    if (
+        isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "torch.jit.annotate"
+        and len(node.args) == 2
+    ):
+        return _empty_list(node.args[1])
     return _is_call(node, "list") and not node.args and not node.keywords  # type: ignore[union-attr]
 
 

@@ -92,6 +92,18 @@ class _Calls(ast.NodeTransformer):
             and func.id not in self.shadowed
         ):
             node.func = ast.copy_location(_runtime_attr(self._BUILTINS[func.id]), func)
+        elif (
+            isinstance(func, ast.Attribute)
+            and func.attr == "unbind"
+            and not (isinstance(func.value, ast.Name) and func.value.id == RUNTIME)
+            and not any(isinstance(a, ast.Starred) for a in node.args)
+        ):  # the rows of a tensor, which a loop may index at its step number
+            if isinstance(func.value, ast.Name) and func.value.id == "torch":
+                if "torch" not in self.shadowed:
+                    node.func = ast.copy_location(_runtime_attr("rows"), func)
+            else:
+                node.args = [func.value, *node.args]
+                node.func = ast.copy_location(_runtime_attr("rows"), func)
         return node
 
 

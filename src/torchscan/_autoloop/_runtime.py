@@ -101,14 +101,83 @@ def range_(*args: SupportsIndex, reverse: bool = False, sized: bool = True) -> R
 
 
 def any_tensor(*values: Any) -> bool:
-    return any(isinstance(v, torch.Tensor) for v in values)
+    """Whether one of ``values`` is a tensor (or the rows of one): a ``len`` of it in a range's
+    bounds counts steps along its axis."""
+    return any(isinstance(v, (torch.Tensor, Rows)) for v in values)
 
 
 def len_(value: Any) -> Any:
     """``len(value)``, a tensor's symbolic size while torch traces the model."""
     if isinstance(value, torch.Tensor) and value.dim() > 0:
         return value.shape[0]
+    if isinstance(value, Rows):
+        return value.tensor.shape[value.axis]
     return builtins.len(value)
+
+
+class Rows(tuple):
+    """``tensor.unbind(axis)`` made in a converted function: the tuple of rows, which also
+    knows its tensor and axis, so that a loop indexing it at the step number (``rows[t]``)
+    scans the tensor. While torch traces the model with a dynamic number of rows, it has no
+    items: ``len`` and indexing at the step number of a converted loop are what it allows."""
+
+    tensor: torch.Tensor
+    axis: int
+    lazy: str
+
+    def __new__(cls, tensor: torch.Tensor, axis: int) -> Rows:
+        lazy = _symbolic(tensor, axis)
+        made = super().__new__(cls, () if lazy else tensor.unbind(axis))
+        made.tensor, made.axis = tensor, axis
+        made.lazy = (
+            f"{API}: the rows of a tensor of dynamic length (tensor.unbind({axis})) are not "
+            "numbered while torch traces the model: index them only at the step number of a "
+            "loop over range(len(rows))"
+            if lazy
+            else ""
+        )
+        return made
+
+    def _refuse(self) -> None:
+        if self.lazy:
+            raise TorchscanTypeError(self.lazy)
+
+    def __getitem__(self, index: Any) -> Any:
+        if index == builtins.slice(None, None, -1):
+            return Rows(self.tensor.flip(self.axis), self.axis)
+        self._refuse()
+        return tuple.__getitem__(self, index)
+
+    def __len__(self) -> int:
+        self._refuse()
+        return tuple.__len__(self)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._refuse()
+        return tuple.__iter__(self)
+
+    def __reversed__(self) -> Iterator[Any]:
+        self._refuse()
+        return builtins.reversed(tuple(tuple.__iter__(self)))
+
+    def __bool__(self) -> bool:
+        self._refuse()
+        return tuple.__len__(self) > 0
+
+    def __reduce__(self) -> Any:
+        return (Rows, (self.tensor, self.axis))
+
+
+def rows(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    """``tensor.unbind(dim)`` outside a loop's header: the :class:`Rows` of a tensor."""
+    if (
+        isinstance(tensor, torch.Tensor)
+        and tensor.dim() > 0
+        and len(args) + len(kwargs) <= 1
+        and set(kwargs) <= {"dim"}
+    ):
+        return Rows(tensor, _axis(tensor, args[0] if args else kwargs.get("dim", 0)))
+    return torch.unbind(tensor, *args, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -577,6 +646,9 @@ def for_(
     only in place (``h += x``); ``tests``: the comparisons the body makes of the step number
     (``"eq"``...) and a function of the values it compares it with. Returns the carries after
     the loop and the lists."""
+    slices = tuple(
+        (s.tensor, s.axis) if isinstance(s, Rows) and a == 0 else (s, a) for s, a in slices
+    )
     try:
         plan = _time_axis(iterable, loop)
         for name, buffer, *_ in buffers:
@@ -664,9 +736,10 @@ def _time_axis(iterable: Any, loop: Loop) -> _Plan:
     axis = _axis_of(iterable)
     if axis is None:
         what = type(iterable).__name__
+        what = f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
         if isinstance(iterable, torch.Tensor):
             what = "a 0-d tensor"
-        raise _Fallback(f"it iterates over a {what}, not along a tensor's axis")
+        raise _Fallback(f"it iterates over {what}, not along a tensor's axis")
     tensor = iterable.tensor if isinstance(iterable, Unbound) else iterable
     keepdim = isinstance(iterable, Unbound) and iterable.keepdim
     return _Plan(None, (tensor,), (axis,), "item", (keepdim,))
