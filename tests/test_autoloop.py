@@ -112,6 +112,26 @@ def test_gradients_match_the_original_at_every_call(name: str) -> None:
         assert _hoist.last.what == "hoisted", _hoist.last.reason
 
 
+# one program of each kind the runtime runs apart: a first step run as Python, a break, a
+# buffer, a while, tests of the step number, a carry changed in place
+COMPILED = ["none-state", "break", "buffer", "conjugate-gradient", "first-step", "in-place"]
+
+
+# TorchDynamo reads .grad of the non-leaf tensors a graph break hands it (its own warning)
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+@pytest.mark.parametrize("name", COMPILED)
+def test_torch_compile_of_the_converted_module_computes_as_the_original(name: str) -> None:
+    program = corpus.PROGRAMS[name]
+    original, converted = pair(name)
+    compiled = torch.compile(converted, backend="aot_eager")
+    for n in (1, 5):  # the second length compiled with a dynamic one
+        inputs = program.inputs(n)
+        theirs = tuple(i.clone() for i in inputs)
+        torch.testing.assert_close(compiled(*inputs), original(*theirs))
+        for mine, original_input in zip(inputs, theirs, strict=True):
+            torch.testing.assert_close(mine, original_input)
+
+
 def _dynamic(name: str) -> tuple[dict[int, torch.export.Dim], ...]:
     program = corpus.PROGRAMS[name]
     t = torch.export.Dim("T", min=2, max=64)

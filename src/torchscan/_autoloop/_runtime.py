@@ -894,7 +894,8 @@ def _scan(
         n = xs[0].shape[in_axes[0]]
         if isinstance(n, int) and n == 0:
             raise _Fallback(reason)
-        torch._check(n > 0, lambda: f"{API}: {reason}, and the loop at {loop.where()} ran no step")
+        message = f"{API}: {reason}, and the loop at {loop.where()} ran no step"
+        torch._check(n > 0, lambda: message)  # (a string: TorchDynamo takes it as it is)
         first_index = n - 1 if reverse else 0
         x0 = tuple(t.select(a, first_index) for t, a in builtins.zip(xs, in_axes, strict=True))
         carry, first_ys = step(carry, x0)[:2]
@@ -954,7 +955,8 @@ def _scan_with_tests(
         _record(loop, True, "")
         return carry, lists
     if not isinstance(n, int):
-        torch._check(n >= 2, lambda: f"{API}: the loop at {loop.where()} runs fewer than 2 steps")
+        message = f"{API}: the loop at {loop.where()} runs fewer than 2 steps"
+        torch._check(n >= 2, lambda: message)  # (a string: TorchDynamo takes it as it is)
 
     def number(k: Any) -> Any:  # the step number of the k-th step
         return first + direction * k
