@@ -526,6 +526,19 @@ class Skips(nn.Module):
         return total
 
 
+class SkipsTwice(nn.Module):
+    """continue inside a branch that also changes a carry."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros(x.shape[1:])
+        for t in range(x.shape[0]):
+            if x[t].sum() < 0:
+                total = total * 0.5
+                continue
+            total = total + x[t]
+        return total
+
+
 class ListBuffer(nn.Module):
     """a Python list written at the step number."""
 
@@ -652,7 +665,10 @@ PROGRAMS: dict[str, Program] = {
     "python-random": Program(
         PythonRandom, lambda n: (_x(n),), False, "draws a number with Python's random"
     ),
-    "continue": Program(Skips, lambda n: (_x(n),), False, "`continue` skips the rest of a step"),
+    "continue": Program(Skips, lambda n: (_x(n),)),
+    "continue-in-branch": Program(
+        SkipsTwice, lambda n: (_x(n),), False, "`continue` skips the rest of a step"
+    ),
     "list-buffer": Program(ListBuffer, lambda n: (_x(n),), False, "writes into `outs` at an index"),
     "break-else": Program(SearchElse, lambda n: (_x(n),), False, "its `else` clause (line"),
     "countdown": Program(

@@ -1650,7 +1650,7 @@ PUBLIC: dict[str, Program] = {
     "first-step-branch": Program(
         FirstStepBranch, lambda n: (_seq(n, D, batch_first=True),), empty_raises=True, time_axis=1
     ),
-    "skip-padding-continue": Program(SkipPadding, _padded, False, "`continue` skips the rest"),
+    "skip-padding-continue": Program(SkipPadding, _padded),
     "char-rnn-self-hidden": Program(
         CharRNNStateful, lambda n: (_ints(n, n + 1, B),), False, "sets the attribute `self.hidden`"
     ),

@@ -247,7 +247,7 @@ def test_the_decorator_form() -> None:
 
 def test_strict_refuses_a_time_loop_that_stays_python_at_conversion() -> None:
     with pytest.raises(TypeError, match=r"line \d+\) stays Python: `continue` skips the rest"):
-        torchscan.autoloop(corpus.Skips(), strict=True)
+        torchscan.autoloop(corpus.SkipsTwice(), strict=True)
 
 
 def test_strict_refuses_a_time_loop_that_runs_as_python() -> None:

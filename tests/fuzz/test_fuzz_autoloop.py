@@ -7,7 +7,7 @@ Each program is a function of ``x`` (the sequence, time first), ``a`` (a capture
 from a menu of statements (updates from the step's slice, from other carries and temporaries,
 swaps, updates under a Python ``if``, appends, ``+=`` on a carry, writes into a buffer at the
 step number, from the row before or not, tests of the step number, and an ``if ...: break`` on
-a carry's value), and the
+a carry's value, or ``continue``), and the
 function returns every carry, every list stacked and the buffer. Converted or kept, the
 function must compute what it computed."""
 
@@ -119,7 +119,10 @@ def loop_programs(draw: st.DrawFn) -> LoopProgram:
                 body.append(f"{target} = {target} + {source} if {test} else {target} - 0.25")
         elif kind == "break" and not stops:
             stops = True
-            body.append(f"if {source}.sum() > {draw(st.sampled_from([4, 8, 16]))}: break")
+            leave = draw(st.sampled_from(["break", "continue"]))
+            test = f"{source}.sum() > {draw(st.sampled_from([4, 8, 16]))}"
+            test = f"not ({test})" if draw(st.booleans()) else test
+            body.append(f"if {test}: {leave}")
     read_after = tuple(t for t in temporaries if draw(st.booleans()))
     return LoopProgram(header, tuple(body), carries, tuple(lists), read_after, buffer)
 

@@ -84,13 +84,14 @@ def autoloop(obj: Any = None, *, strict: bool = False) -> Any:
     break``, an ``nn.ModuleList`` or a list stay Python loops. A carry that is ``None``, a
     Python number or unbound before the loop is made by the first step, run as Python, and the
     scan runs the others. An ``if condition: break`` of the body ends the scan as
-    :func:`torchscan.until` does; a tensor made before the loop and written at the step number
-    (``out[:, t] = h``) gets the scan's outputs, or is carried whole where the body reads it;
-    ``h += x`` on a carry changes the tensor the loop started from, after the scan; tests of the
-    step number (``if t == 0:``) run the first and last steps as Python. A loop also runs as
+    :func:`torchscan.until` does, an ``if condition: continue`` the step; a tensor made before
+    the loop and written at the step number (``out[:, t] = h``) gets the scan's outputs, or is
+    carried whole where the body reads it; ``h += x`` on a carry changes the tensor the loop
+    started from, after the scan; tests of the step number (``if t == 0:``) run the first and
+    last steps as Python. A loop also runs as
     Python, with the reason in :func:`autoloop_report`, where a carry is still not a tensor (or
     a pytree of tensors) after its first step, or where :func:`torchscan.scan` refuses its
-    step; a loop whose body has a ``continue``, a ``return`` or another ``break``, sets
+    step; a loop whose body has a ``return``, another ``break`` or ``continue``, sets
     attributes, writes into tensors at other indices or draws Python random numbers is never
     converted, since its meaning as a scan could differ. In a run that torch traces
     (``torch.export``, ``torch.onnx.export``), a converted loop is one loop operator of dynamic

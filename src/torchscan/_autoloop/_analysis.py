@@ -108,6 +108,7 @@ class LoopInfo:
     lists: tuple[str, ...]
     reason: str  # why the loop stays Python ("" where it converts)
     stop: int | None = None  # the index in the body of its `if ...: break`, where it has one
+    skip: int | None = None  # the index of its `if ...: continue` (where it has no break)
     buffers: tuple[BufferWrite, ...] = ()  # tensors written at the step number
     augmented: tuple[str, ...] = ()  # carries the body changes only with `name += ...`
     tests: tuple[StepTest, ...] = ()  # tests of the step number (`if t == 0:`)
@@ -341,8 +342,12 @@ def _refusal(
                     "`break` leaves the loop early, other than as a statement `if condition: "
                     "break` of the loop's own body with nothing else in the `if`",
                 )
-            if isinstance(node, ast.Continue):
-                return _Refusal(line, "`continue` skips the rest of a step")
+            if isinstance(node, ast.Continue) and not allowed:
+                return _Refusal(
+                    line,
+                    "`continue` skips the rest of a step, other than as a statement `if "
+                    "condition: continue` of the loop's own body with nothing else in the `if`",
+                )
             if isinstance(node, ast.Return):
                 return _Refusal(line, "`return` inside the loop")
             if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
@@ -552,19 +557,18 @@ def augmented_only(body: Sequence[ast.stmt], names: Iterable[str]) -> set[str]:
     return (augmented & set(names)) - plain
 
 
-def stop_index(body: Sequence[ast.stmt]) -> int | None:
-    """The index in ``body`` of a statement ``if condition: break`` (nothing else in the
-    ``if``, no ``else``), the only ``break`` of the loop; None where there is none."""
-    breaks = [
-        node for stmt in body for node in _walk_own_scope(stmt) if isinstance(node, ast.Break)
-    ]
+def stop_index(body: Sequence[ast.stmt], kind: type[ast.stmt] = ast.Break) -> int | None:
+    """The index in ``body`` of a statement ``if condition: break`` (``kind``
+    :class:`ast.Continue`: ``if condition: continue``; nothing else in the ``if``, no ``else``),
+    the only one of its kind in the loop; None where there is none."""
+    found = [node for stmt in body for node in _walk_own_scope(stmt) if isinstance(node, kind)]
     for k, stmt in enumerate(body):
         if (
             isinstance(stmt, ast.If)
             and len(stmt.body) == 1
-            and isinstance(stmt.body[0], ast.Break)
+            and isinstance(stmt.body[0], kind)
             and not stmt.orelse
-            and len(breaks) == 1
+            and len(found) == 1
         ):
             return k
     return None
@@ -749,6 +753,9 @@ def analyse(
     """The carries, lists and refusal of ``loop``, a ``for`` or ``while`` statement of
     ``function`` (``shadowed``: the builtins the function binds to something else)."""
     stop = stop_index(loop.body)
+    skip = stop_index(loop.body, ast.Continue) if stop is None else None
+    leave = stop if stop is not None else skip  # the test that ends a step early
+    word = "break" if stop is not None else "continue"
     if isinstance(loop, ast.While):
         form = LoopForm("while")
         targets: tuple[str, ...] = ()
@@ -785,7 +792,7 @@ def analyse(
     augmented = augmented_only(body, carries)
     free = body_reads - assigned
     reason = ""
-    after_stop = loop.body[stop + 1 :] if stop is not None else []
+    after_stop = loop.body[leave + 1 :] if leave is not None else []
     appended_after_stop = [n for n in lists if any(appended[n] is s for s in after_stop)]
     if isinstance(loop, ast.For) and not _names_only(loop.target):
         reason = (
@@ -817,17 +824,17 @@ def analyse(
     elif any(b.stmt in after_stop for b in buffers):
         write = next(b for b in buffers if b.stmt in after_stop)
         reason = (
-            f"it writes into `{write.name}` after its `if condition: break` (line "
+            f"it writes into `{write.name}` after its `if condition: {word}` (line "
             f"{write.stmt.lineno}): write before the test"
         )
     elif appended_after_stop:
         line = appended[appended_after_stop[0]].lineno
         reason = (
-            f"it appends to `{appended_after_stop[0]}` after its `if condition: break` (line "
+            f"it appends to `{appended_after_stop[0]}` after its `if condition: {word}` (line "
             f"{line}): append before the test"
         )
     else:
-        stop_stmt = loop.body[stop] if stop is not None else None
+        stop_stmt = loop.body[leave] if leave is not None else None
         refusal = _refusal(
             body, set(carries), free - carried_buffers, stop_stmt, buffers, frozenset(augmented)
         )
@@ -850,10 +857,11 @@ def analyse(
         tuple(carries),
         tuple(lists),
         reason,
-        stop,
-        tuple(buffers),
-        tuple(sorted(augmented)),
-        tuple(tests),
+        stop=stop,
+        skip=skip,
+        buffers=tuple(buffers),
+        augmented=tuple(sorted(augmented)),
+        tests=tuple(tests),
     )
 
 

@@ -297,15 +297,18 @@ class _Loops(ast.NodeTransformer):
         if info.tests:
             node.body = [_StepTests(info.tests).visit(stmt) for stmt in node.body]
         for k, stmt in enumerate(node.body):
-            if k == info.stop:
+            if k in (info.stop, info.skip):
                 assert isinstance(stmt, ast.If)
                 after = node.body[k + 1 :]
                 kept = [c for c in info.carries if c in _analysis.names_assigned(after)]
-                body.append(
-                    ast.copy_location(ast.Assign([_name(_STOP, ast.Store())], stmt.test), stmt)
-                )
+                flag = stmt.test
+                if isinstance(flag, ast.UnaryOp) and isinstance(flag.op, ast.Not):
+                    # in a scan, `not x` of a tensor as a tensor (Python's `not` reads its value)
+                    flag = ast.Call(_runtime_attr("not_"), [flag.operand, _name(_SCANNING)], [])
+                body.append(ast.copy_location(ast.Assign([_name(_STOP, ast.Store())], flag), stmt))
                 surely = _analysis.surely_assigned(node.body[:k])
-                early = _returned(info.carries, ys_tuple, _runtime_attr("STOP"), stmt, surely)
+                stopped = _runtime_attr("STOP") if k == info.stop else None  # else the next step
+                early = _returned(info.carries, ys_tuple, stopped, stmt, surely)
                 test = ast.Call(_runtime_attr("stops"), [_name(_STOP), _name(_SCANNING)], [])
                 body.append(ast.copy_location(ast.If(test, early, []), stmt))
                 if kept:  # in a scan (as Python runs it, the step has not stopped here)
@@ -327,15 +330,15 @@ class _Loops(ast.NodeTransformer):
                     ast.copy_location(ast.Assign([_name(ys[name], ast.Store())], value), stmt)
                 )
         until: ast.expr | None = None
+        if kept:  # the values before the statements after the test, where the step ends there
+            select = ast.Call(
+                _runtime_attr("select"),
+                [_name(_STOP), _name(_KEEP), _tuple(kept, ast.Load())],
+                [],
+            )
+            chosen = ast.Assign([_tuple(kept, ast.Store())], select)
+            body.append(ast.copy_location(ast.If(_name(_SCANNING), [chosen], []), node))
         if info.stop is not None:
-            if kept:  # the values before the statements after the test, where it stops
-                select = ast.Call(
-                    _runtime_attr("select"),
-                    [_name(_STOP), _name(_KEEP), _tuple(kept, ast.Load())],
-                    [],
-                )
-                chosen = ast.Assign([_tuple(kept, ast.Store())], select)
-                body.append(ast.copy_location(ast.If(_name(_SCANNING), [chosen], []), node))
             stop_line = ast.Constant(node.body[info.stop].lineno)
             until = ast.Call(
                 _runtime_attr("until_"), [_name(_STOP), _name(_SCANNING), record, stop_line], []

@@ -582,6 +582,14 @@ def _as_flag(value: Any) -> torch.Tensor:
     return torch.tensor(builtins.bool(value))
 
 
+def not_(value: Any, scanning: bool) -> Any:
+    """``not value`` of the test of a ``break`` or ``continue``: in a scan, where ``value`` is a
+    tensor, the 0-d bool tensor of it (Python's ``not`` would read its value)."""
+    if scanning and isinstance(value, torch.Tensor):
+        return ~_as_flag(value)
+    return not value
+
+
 def stops(flag: Any, scanning: bool) -> bool:
     """Whether a step stops here: as Python runs it, ``bool(flag)``; in a scan, never (the
     step runs to its end and :func:`select` keeps the values of the carries from before the
