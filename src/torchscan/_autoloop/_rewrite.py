@@ -254,6 +254,7 @@ class _Loops(ast.NodeTransformer):
             strict=self.strict,
             reason=info.reason,
             stops=info.stop is not None,
+            skips=info.skip is not None,
         )
         self.loops.append(loop)
         record = ast.Subscript(_name(LOOPS), ast.Constant(index), ast.Load())

@@ -56,6 +56,7 @@ class Loop:
     strict: bool = False
     reason: str = ""  # why it stays Python, from its source alone
     stops: bool = False  # whether its body ends it with `if condition: break`
+    skips: bool = False  # whether its body ends a step with `if condition: continue`
 
     def where(self) -> str:
         return f"{self.function} ({self.filename}, line {self.lineno})"
@@ -896,8 +897,9 @@ def _scan(
         raise _Fallback("the sequences it zips have different lengths")
     first: tuple[Any, ...] | None = None
     reason = _not_a_carry(loop.carries, carry)
-    if reason is not None and loop.stops:
-        raise _Fallback(f"{reason}, and the loop may `break` at its first step")
+    if reason is not None and (loop.stops or loop.skips):
+        word = "break" if loop.stops else "continue"
+        raise _Fallback(f"{reason}, and the loop may `{word}` at its first step")
     if reason is not None:  # the first step as Python runs it, the others scanned from its carry
         n = xs[0].shape[in_axes[0]]
         if isinstance(n, int) and n == 0:
