@@ -1639,13 +1639,12 @@ PUBLIC: dict[str, Program] = {
         False,
         "draws a number with Python's random",
     ),
-    # the forward loop converts; the backward one inserts at the front of its list
     "birnn-insert": Program(
         BiRNNInsert,
         lambda n: (_seq(n, D, batch_first=True),),
         empty_raises=True,
         time_axis=1,
-        export_error="changes `bw_outs`, made outside the loop",
+        loops=2,
     ),
     "first-step-branch": Program(
         FirstStepBranch, lambda n: (_seq(n, D, batch_first=True),), empty_raises=True, time_axis=1

@@ -3,12 +3,12 @@ the same results at every length, at the first call and once hoisted (within rou
 
 Each program is a function of ``x`` (the sequence, time first), ``a`` (a captured tensor) and
 ``flag`` (a Python bool) whose ``for`` loop runs over a range of ``x``'s size, its rows,
-``enumerate``, ``zip`` or a reversed range; its body assigns carries, temporaries and lists
-from a menu of statements (updates from the step's slice, from other carries and temporaries,
-swaps, updates under a Python ``if``, appends, ``+=`` on a carry, writes into a buffer at the
-step number, from the row before or not, tests of the step number, and an ``if ...: break`` on
-a carry's value, or ``continue``), and the
-function returns every carry, every list stacked and the buffer. Converted or kept, the
+``enumerate``, ``zip``, a reversed range or the rows of ``unbind``; its body assigns carries,
+temporaries and lists from a menu of statements (updates from the step's slice, from other
+carries and temporaries, swaps, updates under a Python ``if``, appends and inserts at the front,
+``+=`` on a carry, writes into a buffer at the step number, from the row before or not, tests of
+the step number, and an ``if ...: break`` or ``continue`` on a carry's value), and the function
+returns every carry, every list stacked and the buffer. Converted or kept, the
 function must compute what it computed."""
 
 from __future__ import annotations
@@ -96,7 +96,11 @@ def loop_programs(draw: st.DrawFn) -> LoopProgram:
         elif kind == "append" and len(lists) < 2:
             name = f"out{len(lists)}"
             lists.append(name)
-            body.append(f"{name}.append({draw(st.sampled_from([*carries, *temporaries]))} * 2)")
+            value = f"{draw(st.sampled_from([*carries, *temporaries]))} * 2"
+            if draw(st.booleans()):
+                body.append(f"{name}.append({value})")
+            else:  # filled from the front
+                body.append(f"{name}.insert(0, {value})")
         elif kind == "augment":
             body.append(f"{target} += {slice_} * 0.5")
         elif kind == "buffer" and not buffer and HEADERS[header][0].split()[1].rstrip(",") == "t":

@@ -32,7 +32,7 @@ class LoopReport:
         filename: the file it is written in.
         lineno: the line of its ``for`` or ``while``.
         converted: whether it runs as a scan: before the first run, whether it may; after a
-            run, whether the last run did.
+            run, whether the last eager run did (runs that torch traces are not recorded).
         reason: why it stays (or last ran as) a Python loop, with the line of the construct and
             how to rewrite it; empty where it converts.
     """

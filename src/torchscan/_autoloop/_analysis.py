@@ -575,8 +575,9 @@ def stop_index(body: Sequence[ast.stmt], kind: type[ast.stmt] = ast.Break) -> in
 
 
 def appended_lists(body: Sequence[ast.stmt]) -> dict[str, ast.stmt]:
-    """The lists the body appends one value to at every step: ``name.append(value)`` or ``name
-    += [value]`` as a statement of the body itself (not under an ``if``), once per list."""
+    """The lists the body appends one value to at every step: ``name.append(value)``, ``name
+    += [value]`` or ``name.insert(0, value)`` as a statement of the body itself (not under an
+    ``if``), once per list."""
     found: dict[str, ast.stmt] = {}
     twice = set()
     for stmt in body:
@@ -609,14 +610,38 @@ def _appended(stmt: ast.stmt) -> str | None:
         and not isinstance(stmt.value.elts[0], ast.Starred)
     ):
         return stmt.target.id
+    if prepends(stmt):
+        assert isinstance(stmt, ast.Expr)
+        assert isinstance(stmt.value, ast.Call)
+        assert isinstance(stmt.value.func, ast.Attribute)
+        assert isinstance(stmt.value.func.value, ast.Name)
+        return stmt.value.func.value.id
     return None
 
 
+def prepends(stmt: ast.stmt) -> bool:
+    """Whether ``stmt`` is ``name.insert(0, value)``: a list filled from the front."""
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Attribute)
+        and stmt.value.func.attr == "insert"
+        and isinstance(stmt.value.func.value, ast.Name)
+        and len(stmt.value.args) == 2
+        and not stmt.value.keywords
+        and isinstance(stmt.value.args[0], ast.Constant)
+        and stmt.value.args[0].value == 0
+        and type(stmt.value.args[0].value) is int
+        and not isinstance(stmt.value.args[1], ast.Starred)
+    )
+
+
 def appended_value(stmt: ast.stmt) -> ast.expr:
-    """The value an append statement of :func:`appended_lists` appends."""
+    """The value an append statement of :func:`appended_lists` appends (or inserts at the
+    front)."""
     if isinstance(stmt, ast.Expr):
         assert isinstance(stmt.value, ast.Call)
-        return stmt.value.args[0]
+        return stmt.value.args[-1]
     assert isinstance(stmt, ast.AugAssign)
     assert isinstance(stmt.value, ast.List)
     return stmt.value.elts[0]

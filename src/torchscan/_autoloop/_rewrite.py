@@ -414,6 +414,10 @@ class _Loops(ast.NodeTransformer):
             ops = ast.Tuple([ast.Constant(t.op) for t in info.tests], ast.Load())
             tested = ast.Tuple([ops, _name(f"__autoloop_tests_{index}")], ast.Load())
             call.keywords.append(ast.keyword("tests", tested))
+        fronts = [k for k, n in enumerate(info.lists) if _analysis.prepends(appended[n])]
+        if fronts:
+            at_front: list[ast.expr] = [ast.Constant(k) for k in fronts]
+            call.keywords.append(ast.keyword("front", ast.Tuple(at_front, ast.Load())))
         if info.augmented:
             positions: list[ast.expr] = [
                 ast.Constant(info.carries.index(n)) for n in info.augmented

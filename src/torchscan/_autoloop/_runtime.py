@@ -71,6 +71,8 @@ _outcomes: weakref.WeakKeyDictionary[Loop, tuple[bool, str]] = weakref.WeakKeyDi
 
 
 def _record(loop: Loop, converted: bool, reason: str) -> None:
+    if torch.compiler.is_compiling():
+        return  # a run that torch traces records nothing (TorchDynamo would guard on the dict)
     _outcomes[loop] = (converted, reason)
 
 
@@ -646,6 +648,7 @@ def for_(
     buffers: tuple[tuple[Any, ...], ...] = (),
     inplace: tuple[int, ...] = (),
     tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]] | None = None,
+    front: tuple[int, ...] = (),
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Run one converted ``for`` statement: as a scan where ``iterable`` is a time axis and the
     carries are tensors, else as the Python loop. ``slices``: the ``(sequence, axis)`` the body
@@ -653,8 +656,26 @@ def for_(
     number; ``buffers``: the ``(name, tensor, axis, carry position or -1)`` of the tensors the
     body writes into at the step number; ``inplace``: the positions of the carries it changes
     only in place (``h += x``); ``tests``: the comparisons the body makes of the step number
-    (``"eq"``...) and a function of the values it compares it with. Returns the carries after
-    the loop and the lists."""
+    (``"eq"``...) and a function of the values it compares it with; ``front``: the positions of
+    the lists it inserts at the front of (``outs.insert(0, y)``). Returns the carries after the
+    loop and the lists."""
+    carry, made = _for(
+        loop, iterable, body, carry, _fronts(lists, front), slices, buffers, inplace, tests
+    )
+    return carry, _unfronted(made)
+
+
+def _for(
+    loop: Loop,
+    iterable: Any,
+    body: Callable[..., Any],
+    carry: tuple[Any, ...],
+    lists: tuple[Any, ...],
+    slices: tuple[tuple[Any, int], ...],
+    buffers: tuple[tuple[Any, ...], ...],
+    inplace: tuple[int, ...],
+    tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]] | None,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     slices = tuple(
         (s.tensor, s.axis) if isinstance(s, Rows) and a == 0 else (s, a) for s, a in slices
     )
@@ -1028,7 +1049,8 @@ def _scan_with_tests(
         return carry, made
     carry, last_ys, *_ = body(item_at(number(n - 1)), carry, False)
     return carry, tuple(
-        _with_last(items, y) for items, y in builtins.zip(made, last_ys, strict=False)
+        _with_last(items, y, isinstance(before, _Front))
+        for items, y, before in builtins.zip(made, last_ys, lists, strict=False)
     )
 
 
@@ -1097,8 +1119,9 @@ def _constant_test(
     return None
 
 
-def _with_last(items: Any, y: Any) -> Any:
-    """A loop's list with the value of its last step appended, keeping its stacked outputs."""
+def _with_last(items: Any, y: Any, front: bool = False) -> Any:
+    """A loop's list with the value of its last step appended (inserted at the front where
+    ``front``), keeping its stacked outputs."""
     stacked = _stacked(items)
     if (
         stacked is not None
@@ -1106,24 +1129,46 @@ def _with_last(items: Any, y: Any) -> Any:
         and y.shape == stacked.shape[1:]
         and y.dtype == stacked.dtype
     ):
-        return StackedList._of(torch.cat([stacked, y.unsqueeze(0)]), items.lazy)
+        parts = [y.unsqueeze(0), stacked] if front else [stacked, y.unsqueeze(0)]
+        return StackedList._of(torch.cat(parts), items.lazy)
     if getattr(items, "lazy", ""):
         raise TorchscanTypeError(items.lazy)
     items = builtins.list(items)
-    items.append(y)
+    items.insert(0 if front else len(items), y)
     return items
 
 
-def _lists(
-    loop: Loop, ys: tuple[Any, ...], before: tuple[list[Any], ...]
-) -> tuple[StackedList, ...]:
+class _Front:
+    """A list the loop inserts each value at the front of (``outs.insert(0, y)``): what the
+    runtime appends goes first."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def append(self, value: Any) -> None:
+        self.items.insert(0, value)
+
+
+def _fronts(lists: tuple[list[Any], ...], front: tuple[int, ...]) -> tuple[Any, ...]:
+    return tuple(_Front(items) if k in front else items for k, items in enumerate(lists))
+
+
+def _unfronted(lists: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(items.items if isinstance(items, _Front) else items for items in lists)
+
+
+def _lists(loop: Loop, ys: tuple[Any, ...], before: tuple[Any, ...]) -> tuple[StackedList, ...]:
     """The lists a loop appended to: the items they held ``before`` it (``[y0]``) and its
-    stacked outputs; their items made only where the number of steps is a number (not while
-    torch traces the model)."""
+    stacked outputs (in reverse order and before those items where it inserted each at the
+    front, :class:`_Front`); their items made only where the number of steps is a number (not
+    while torch traces the model)."""
     made = []
     for y, items in builtins.zip(ys, before, strict=True):
         lazy = "" if isinstance(y.shape[0], int) else _LAZY.format(api=API, where=loop.where())
-        prefix = list.__getitem__(items, slice(None))
+        front = isinstance(items, _Front)
+        prefix = list.__getitem__(items.items if front else items, slice(None))
+        if front:
+            y = y.flip(0)
         if prefix and all(
             isinstance(p, torch.Tensor)
             and p.shape == y.shape[1:]
@@ -1131,11 +1176,13 @@ def _lists(
             and p.device == y.device
             for p in prefix
         ):
-            y = torch.cat([torch.stack(prefix), y])
+            before_y = torch.stack(prefix)
+            y = torch.cat([y, before_y] if front else [before_y, y])
         elif prefix:  # items unlike the loop's: a list of them all, no stacked outputs
             if lazy:
                 raise TorchscanTypeError(lazy)
-            result = StackedList([*prefix, *y.unbind(0)])
+            rows = builtins.list(y.unbind(0))
+            result = StackedList([*rows, *prefix] if front else [*prefix, *rows])
             result.stacked, result.lazy = None, ""
             made.append(result)
             continue
@@ -1150,11 +1197,24 @@ def while_(
     carry: tuple[Any, ...],
     lists: tuple[list[Any], ...],
     inplace: tuple[int, ...] = (),
+    front: tuple[int, ...] = (),
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Run one converted ``while`` statement: as a :func:`torchscan.loop` where its condition
     is a tensor (or ``True``, with an ``if condition: break`` in the body) and the carries are
     tensors, else as the Python loop. ``test(carry)`` is the condition. Returns the carries
     after the loop and the lists."""
+    carry, made = _while(loop, test, body, carry, _fronts(lists, front), inplace)
+    return carry, _unfronted(made)
+
+
+def _while(
+    loop: Loop,
+    test: Callable[[tuple[Any, ...]], Any],
+    body: Callable[..., Any],
+    carry: tuple[Any, ...],
+    lists: tuple[Any, ...],
+    inplace: tuple[int, ...],
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     first = test(carry)  # as Python, before the first step
     is_tensor = isinstance(first, torch.Tensor)
     try:
