@@ -609,6 +609,36 @@ class Counter(nn.Module):
         return s, count
 
 
+class ItemTolerance(nn.Module):
+    """a count of steps nobody reads, `if err.item() < tol: break` (the tensor compared in a
+    scan, as Python compares the float)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(x.shape[1:])
+        nits = 0
+        for t in range(x.shape[0]):
+            previous = h
+            h = 0.5 * h + x[t]
+            err = (h - previous).abs().sum(-1).mean()
+            nits += 1
+            if err.item() < 0.9:
+                break
+        return h
+
+
+class IntItem(nn.Module):
+    """`if hits.item() > 2: break` on an int64 count: its value read, which an export cannot do
+    (nor the trace that finds the shapes of a loop of no step: that one runs as Python)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(x.shape[1:])
+        for x_t in x:
+            h = h + x_t
+            if (h > 1).sum().item() > 2:
+                break
+        return h
+
+
 class Attribute(nn.Module):
     """state kept on the module."""
 
@@ -679,4 +709,11 @@ PROGRAMS: dict[str, Program] = {
         Counter, lambda n: (_x(n + 1),), False, "`count` is an int after the first step"
     ),
     "attribute": Program(Attribute, lambda n: (_x(n + 1),), False, "sets the attribute"),
+    "item-tolerance": Program(ItemTolerance, lambda n: (_x(n),)),
+    "int-item-break": Program(
+        IntItem,
+        lambda n: (_x(n + 1),),
+        hoists=False,  # reads a value
+        export_error="is a Python bool made from a tensor's value"
+    ),
 }

@@ -1685,12 +1685,10 @@ PUBLIC: dict[str, Program] = {
         DEQForwardIteration, lambda n: (_seq(n + 1, D, batch_first=True),), False, "", time_axis=1
     ),
     "cg-while": Program(ConjugateGradientWhile, _rhs),
-    "cg-trpo": Program(ConjugateGradientTRPO, _rhs, export_error="made from a tensor's value"),
+    "cg-trpo": Program(ConjugateGradientTRPO, _rhs),
     "sinkhorn-wassdistance": Program(
         SinkhornDistance,
         lambda n: (_seq(n + 1, 2, batch_first=True), torch.randn(B, 4, 2, generator=_gen(n))),
-        False,
-        "`actual_nits` is an int before the loop",
         time_axis=1,
     ),
     "dtw-table": Program(

@@ -112,6 +112,7 @@ class LoopInfo:
     buffers: tuple[BufferWrite, ...] = ()  # tensors written at the step number
     augmented: tuple[str, ...] = ()  # carries the body changes only with `name += ...`
     tests: tuple[StepTest, ...] = ()  # tests of the step number (`if t == 0:`)
+    dead: tuple[ast.stmt, ...] = ()  # updates of counters nothing reads (`n_iter += 1`)
 
 
 def names_loaded(nodes: Iterable[ast.AST]) -> set[str]:
@@ -814,6 +815,10 @@ def analyse(
         body_reads |= names_loaded([loop.test])
     carried_buffers = {b.name for b in buffers if b.carried}
     carries = sorted(((assigned & (exposed | live_after)) | carried_buffers) - set(targets))
+    dead = dead_updates(loop, carries, live_after)
+    dead_names = names_assigned(dead)
+    carries = [c for c in carries if c not in dead_names]
+    body = [s for s in body if not any(s is d for d in dead)]
     augmented = augmented_only(body, carries)
     free = body_reads - assigned
     reason = ""
@@ -887,7 +892,56 @@ def analyse(
         buffers=tuple(buffers),
         augmented=tuple(sorted(augmented)),
         tests=tuple(tests),
+        dead=tuple(dead),
     )
+
+
+def dead_updates(
+    loop: ast.For | ast.While, carries: Iterable[str], live_after: set[str]
+) -> list[ast.stmt]:
+    """The statements of ``loop``'s own body that update a name nothing else reads: ``name =
+    value`` or ``name += value`` with ``value`` made of names, constants and arithmetic, where
+    ``name`` is read after the loop nowhere and in the loop only by those statements (a count of
+    steps kept and never used, ``actual_nits += 1``). They change nothing the function computes
+    and are left out of the step."""
+    found: list[ast.stmt] = []
+    scope = [n for s in loop.body for n in ast.walk(s)]  # nested functions' reads too
+    if isinstance(loop, ast.While):
+        scope += list(ast.walk(loop.test))
+    for name in carries:
+        if name in live_after:
+            continue
+        updates = [s for s in loop.body if _pure_update(s, name)]
+        inside = {id(n) for s in updates for n in ast.walk(s)}
+        touched = [
+            n
+            for n in scope
+            if id(n) not in inside
+            and isinstance(n, ast.Name)
+            and n.id == name
+        ]
+        if updates and not touched:
+            found.extend(updates)
+    return found
+
+
+def _pure_update(stmt: ast.stmt, name: str) -> bool:
+    """Whether ``stmt`` is ``name = value`` or ``name op= value`` with ``value`` made of
+    names, constants and arithmetic only (nothing it runs has an effect)."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target, value = stmt.targets[0], stmt.value
+    elif isinstance(stmt, ast.AugAssign):
+        target, value = stmt.target, stmt.value
+    else:
+        return False
+    return (
+        isinstance(target, ast.Name)
+        and target.id == name
+        and all(isinstance(n, _PURE) for n in ast.walk(value))
+    )
+
+
+_PURE = (ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop, ast.Load)
 
 
 def _read_unbound_by_others(

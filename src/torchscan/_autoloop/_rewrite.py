@@ -298,11 +298,13 @@ class _Loops(ast.NodeTransformer):
         if info.tests:
             node.body = [_StepTests(info.tests).visit(stmt) for stmt in node.body]
         for k, stmt in enumerate(node.body):
+            if any(stmt is d for d in info.dead):
+                continue
             if k in (info.stop, info.skip):
                 assert isinstance(stmt, ast.If)
                 after = node.body[k + 1 :]
                 kept = [c for c in info.carries if c in _analysis.names_assigned(after)]
-                flag = stmt.test
+                flag = _Items().visit(stmt.test)
                 if isinstance(flag, ast.UnaryOp) and isinstance(flag.op, ast.Not):
                     # in a scan, `not x` of a tensor as a tensor (Python's `not` reads its value)
                     flag = ast.Call(_runtime_attr("not_"), [flag.operand, _name(_SCANNING)], [])
@@ -527,6 +529,23 @@ def _read_or_undefined(temp: str, name: str) -> ast.stmt:
         orelse=[],
         finalbody=[],
     )
+
+
+class _Items(ast.NodeTransformer):
+    """``x.item()`` in the test of a ``break`` or ``continue`` → ``item_(x, scanning)``: in a
+    scan, the tensor compared, not its value read."""
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        self.generic_visit(node)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "item" and not node.args:
+            if not node.keywords:
+                call = ast.Call(_runtime_attr("item_"), [func.value, _name(_SCANNING)], [])
+                return ast.copy_location(call, node)
+        return node
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.Lambda:
+        return node  # its own scope
 
 
 def _returned(

@@ -593,6 +593,30 @@ def not_(value: Any, scanning: bool) -> Any:
     return not value
 
 
+def item_(value: Any, scanning: bool) -> Any:
+    """``value.item()`` in the test of a ``break`` or ``continue``. In a scan, where ``value`` is
+    a real tensor of one element, the 0-d float64 tensor of it: comparisons and arithmetic on it
+    give what Python's give on the float or int ``.item()`` returns, exactly for floats and for
+    ints of at most 53 bits (an int beyond that reads its value, as the original does), without
+    reading the value out of the step."""
+    if (
+        scanning
+        and isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and not value.is_complex()
+        and value.dtype != torch.bool
+        and (value.is_floating_point() or _exact_in_double(value))
+    ):
+        return value.detach().reshape(()).to(torch.float64)
+    return value.item()
+
+
+def _exact_in_double(value: torch.Tensor) -> bool:
+    """Whether an integer tensor's value is sure to be exact in a float64: its dtype holds at
+    most 53 bits."""
+    return value.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32)
+
+
 def stops(flag: Any, scanning: bool) -> bool:
     """Whether a step stops here: as Python runs it, ``bool(flag)``; in a scan, never (the
     step runs to its end and :func:`select` keeps the values of the carries from before the
@@ -618,10 +642,10 @@ def until_(flag: Any, scanning: bool, loop: Loop | None = None, line: int = 0) -
 
     if isinstance(flag, torch.SymBool) and loop is not None:  # read from a tensor's value
         raise ExportError(
-            f"{API}: the condition of `break` at line {line} of {loop.function} "
-            f"({loop.filename}) is a Python bool made from a tensor's value (.item(), float()), "
-            "which is known only when the exported model runs: compare the tensor itself "
-            "(`if x < tol: break` rather than `if x.item() < tol: break`)"
+            f"{API}: the condition of `break` in {loop.function} at {loop.filename}:{line} "
+            "is a Python bool made from a tensor's value (`float(x)`, `int(x)`, `.item()` of an "
+            "int64 tensor), which is known only when the exported model runs: compare the tensor "
+            "itself (`if x < tol: break` rather than `if float(x) < tol: break`)"
         )
     return until(_as_flag(flag))
 
