@@ -639,6 +639,20 @@ class IntItem(nn.Module):
         return h
 
 
+class SplitRows(nn.Module):
+    """pieces of split(1, 0) made before the loop, indexed at the count of an enumerate of other
+    pieces."""
+
+    def forward(self, f: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        forgets = f.split(1, dim=0)
+        h = torch.zeros(1, *x.shape[1:])
+        outs = []
+        for i, x_t in enumerate(x.split(1, dim=0)):
+            h = forgets[i] * h + (1 - forgets[i]) * x_t
+            outs.append(h)
+        return torch.cat(outs), h
+
+
 class Attribute(nn.Module):
     """state kept on the module."""
 
@@ -684,7 +698,6 @@ PROGRAMS: dict[str, Program] = {
         lambda n: (torch.rand(n, B, F, generator=_g(n)), _x(n)),
         empty_raises=True,
         hoists=False,
-        export_error="reads the value of a tensor at",
     ),
     "bidirectional": Program(Bidirectional, lambda n: (_x(n),), empty_raises=True, loops=2),
     "euler": Program(Euler, lambda n: (_x(1)[0], torch.linspace(0, 1, n + 1))),
@@ -709,6 +722,9 @@ PROGRAMS: dict[str, Program] = {
         Counter, lambda n: (_x(n + 1),), False, "`count` is an int after the first step"
     ),
     "attribute": Program(Attribute, lambda n: (_x(n + 1),), False, "sets the attribute"),
+    "split-rows": Program(
+        SplitRows, lambda n: (torch.rand(n + 1, B, F, generator=_g(n)), _x(n + 1))
+    ),
     "item-tolerance": Program(ItemTolerance, lambda n: (_x(n),)),
     "int-item-break": Program(
         IntItem,

@@ -1592,7 +1592,6 @@ PUBLIC: dict[str, Program] = {
         lambda n: (torch.sigmoid(_seq(n, H)), _seq(n, H) * 2),
         empty_raises=True,
         hoists=False,
-        export_error="reads the value of a tensor",
     ),
     "fastai-forget-mult": Program(
         FastaiForgetMult,

@@ -182,6 +182,18 @@ def test_a_step_that_cannot_be_exported_is_refused_naming_its_line(name: str) ->
     assert f"{corpus.__file__}:" in str(info.value)
 
 
+def test_split_of_no_rows_runs_as_python_over_its_one_empty_piece() -> None:
+    original, converted = pair("split-rows")
+    f, x = torch.rand(0, corpus.B, corpus.F), torch.randn(0, corpus.B, corpus.F)
+    assert len(x.split(1, dim=0)) == 1  # torch's split gives one piece, empty
+    got, want = converted(f, x), original(f.clone(), x.clone())
+    assert got[0].shape == want[0].shape == (0, corpus.B, corpus.F)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    (row,) = torchscan.autoloop_report(converted)
+    assert not row.converted
+    assert row.reason == "it iterates over `split(1, axis)` of no rows, which gives one empty piece"
+
+
 def test_the_layer_loop_in_the_step_stays_python_and_the_time_loop_converts() -> None:
     _, converted = pair("helper")
     converted(*corpus.PROGRAMS["helper"].inputs(3))
@@ -428,3 +440,24 @@ def test_names_that_are_not_the_builtins_are_left_as_the_function_binds_them() -
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
     assert got[1] == "mine"
     assert "list(outs)" in torchscan.autoloop_source(converted)
+
+
+def test_split_other_than_in_pieces_of_one_is_the_call_as_written() -> None:
+    def pieces(x: torch.Tensor, name: str) -> tuple[object, ...]:
+        halves = x.split(2, dim=0)
+        ones = x.split(1, 1)
+        words = name.split(".")
+        h = x[0] * 0
+        for t in range(x.shape[0]):
+            h = h + x[t] * len(words)
+        return halves, ones, words, h
+
+    converted = torchscan.autoloop(pieces)
+    x = torch.randn(5, 3)
+    got, want = converted(x, "a.b.c"), pieces(x, "a.b.c")
+    assert type(got[0]) is tuple  # pieces of 2: torch's split
+    assert isinstance(got[1], tuple)  # pieces of 1: a tuple that also knows its tensor
+    assert got[2] == want[2] == ["a", "b", "c"]
+    torch.testing.assert_close(got[:2], want[:2], rtol=0, atol=0)
+    torch.testing.assert_close(got[3], want[3], rtol=0, atol=0)
+    assert "split_rows" in torchscan.autoloop_source(converted)

@@ -104,6 +104,15 @@ class _Calls(ast.NodeTransformer):
             else:
                 node.args = [func.value, *node.args]
                 node.func = ast.copy_location(_runtime_attr("rows"), func)
+        elif (
+            isinstance(func, ast.Attribute)
+            and func.attr == "split"
+            and not (isinstance(func.value, ast.Name) and func.value.id in (RUNTIME, "torch"))
+            and not any(isinstance(a, ast.Starred) for a in node.args)
+            and not any(k.arg is None for k in node.keywords)
+        ):  # pieces of 1, which a loop may index at its step number (or a string's split)
+            node.args = [func.value, *node.args]
+            node.func = ast.copy_location(_runtime_attr("split_rows"), func)
         return node
 
 
@@ -285,6 +294,13 @@ class _Loops(ast.NodeTransformer):
                 slices = _analysis.step_slices(node.body, node.target.id, assigned)
                 if slices:
                     _Slices(node.target.id, assigned, slices).visit(node)
+                    names = [_name(f"__autoloop_x_{k}", ast.Store()) for k in range(len(slices))]
+                    target = ast.Tuple([target, *names], ast.Store())
+            elif (count := _enumerate_count(node, self.shadowed)) is not None:
+                assigned = _analysis.names_assigned(node.body) | _analysis.names_assigned([node])
+                slices = _analysis.step_slices(node.body, count, assigned)
+                if slices:
+                    _Slices(count, assigned, slices).visit(node)
                     names = [_name(f"__autoloop_x_{k}", ast.Store()) for k in range(len(slices))]
                     target = ast.Tuple([target, *names], ast.Store())
             body.append(ast.copy_location(ast.Assign([target], _name(_ITEM)), node))
@@ -529,6 +545,26 @@ def _read_or_undefined(temp: str, name: str) -> ast.stmt:
         orelse=[],
         finalbody=[],
     )
+
+
+def _enumerate_count(node: ast.For, shadowed: set[str]) -> str | None:
+    """The name of the count where ``node`` is ``for i, item in enumerate(sequence):`` (counting
+    from 0): rows indexed at it (``forgets[i]``) are scanned with the sequence."""
+    it, target = node.iter, node.target
+    if (
+        "enumerate" not in shadowed
+        and isinstance(it, ast.Call)
+        and isinstance(it.func, ast.Name)
+        and it.func.id == "enumerate"
+        and len(it.args) == 1
+        and not it.keywords
+        and not isinstance(it.args[0], ast.Starred)
+        and isinstance(target, ast.Tuple)
+        and len(target.elts) == 2
+        and isinstance(target.elts[0], ast.Name)
+    ):
+        return target.elts[0].id
+    return None
 
 
 class _Items(ast.NodeTransformer):

@@ -126,14 +126,18 @@ class Rows(tuple):
 
     tensor: torch.Tensor
     axis: int
+    keepdim: bool
     lazy: str
 
-    def __new__(cls, tensor: torch.Tensor, axis: int) -> Rows:
+    def __new__(cls, tensor: torch.Tensor, axis: int, keepdim: bool = False) -> Rows:
         lazy = _symbolic(tensor, axis)
-        made = super().__new__(cls, () if lazy else tensor.unbind(axis))
-        made.tensor, made.axis = tensor, axis
+        made = super().__new__(
+            cls, () if lazy else tensor.split(1, axis) if keepdim else tensor.unbind(axis)
+        )
+        made.tensor, made.axis, made.keepdim = tensor, axis, keepdim
+        call = f"split(1, {axis})" if keepdim else f"unbind({axis})"
         made.lazy = (
-            f"{API}: the rows of a tensor of dynamic length (tensor.unbind({axis})) are not "
+            f"{API}: the rows of a tensor of dynamic length (tensor.{call}) are not "
             "numbered while torch traces the model: index them only at the step number of a "
             "loop over range(len(rows))"
             if lazy
@@ -147,7 +151,7 @@ class Rows(tuple):
 
     def __getitem__(self, index: Any) -> Any:
         if index == builtins.slice(None, None, -1):
-            return Rows(self.tensor.flip(self.axis), self.axis)
+            return Rows(self.tensor.flip(self.axis), self.axis, self.keepdim)
         self._refuse()
         return tuple.__getitem__(self, index)
 
@@ -168,7 +172,12 @@ class Rows(tuple):
         return tuple.__len__(self) > 0
 
     def __reduce__(self) -> Any:
-        return (Rows, (self.tensor, self.axis))
+        return (Rows, (self.tensor, self.axis, self.keepdim))
+
+    def sequence(self) -> torch.Tensor:
+        """The tensor whose items along ``axis`` are the rows (of ``split``: keeping the axis,
+        of size 1)."""
+        return self.tensor.unsqueeze(self.axis + 1) if self.keepdim else self.tensor
 
 
 def rows(tensor: Any, *args: Any, **kwargs: Any) -> Any:
@@ -181,6 +190,34 @@ def rows(tensor: Any, *args: Any, **kwargs: Any) -> Any:
     ):
         return Rows(tensor, _axis(tensor, args[0] if args else kwargs.get("dim", 0)))
     return torch.unbind(tensor, *args, **kwargs)
+
+
+def _one_empty(value: Any) -> bool:
+    """Whether ``value`` is ``tensor.split(1, axis)`` along an axis of size 0, which Python
+    iterates as one piece, empty (``split`` always gives one), and a scan as no step."""
+    keepdim = isinstance(value, (Rows, Unbound)) and value.keepdim
+    return keepdim and not _symbolic(value.tensor, value.axis) and value.tensor.shape[value.axis] == 0
+
+
+def split_rows(value: Any, *args: Any, **kwargs: Any) -> Any:
+    """``value.split(...)`` outside a loop's header: the :class:`Rows` of a tensor split in
+    pieces of 1 (``x.split(1, dim=0)``), else the call as written (a tensor in other pieces, a
+    string's ``split``)."""
+    size = args[0] if args else kwargs.get("split_size", kwargs.get("split_size_or_sections"))
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dim() > 0
+        and type(size) is int
+        and size == 1
+        and len(args) + len(kwargs) <= 2
+    ):
+        rest = dict(kwargs)
+        rest.pop("split_size", None)
+        rest.pop("split_size_or_sections", None)
+        if set(rest) <= {"dim"} and not (len(args) == 2 and rest):
+            axis = args[1] if len(args) == 2 else rest.get("dim", 0)
+            return Rows(value, _axis(value, axis), keepdim=True)
+    return value.split(*args, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -701,7 +738,8 @@ def _for(
     tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]] | None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     slices = tuple(
-        (s.tensor, s.axis) if isinstance(s, Rows) and a == 0 else (s, a) for s, a in slices
+        (s.sequence(), s.axis) if isinstance(s, Rows) and a == 0 and not _one_empty(s) else (s, a)
+        for s, a in slices
     )
     try:
         plan = _time_axis(iterable, loop)
@@ -742,6 +780,8 @@ def _inplace_buffers(
 def _python_iteration(iterable: Any, slices: tuple[tuple[Any, int], ...]) -> Iterator[Any]:
     """What the body is given at each step of the Python loop."""
     items = _python_items(iterable)
+    if slices and isinstance(iterable, (_Zipped, builtins.enumerate)):  # the count of enumerate
+        return ((t, *[_take(s, a, t[0]) for s, a in slices]) for t in items)
     if slices:
         return ((t, *[_take(s, a, t) for s, a in slices]) for t in items)
     return items
@@ -767,6 +807,9 @@ class _Plan:
     keepdim: tuple[bool, ...] = ()  # of each sequence: its items keep the axis (split)
 
 
+_ONE_EMPTY = "it iterates over `split(1, axis)` of no rows, which gives one empty piece"
+
+
 def _time_axis(iterable: Any, loop: Loop) -> _Plan:
     if isinstance(iterable, Range):
         if not iterable.sized and not loop.stops:
@@ -782,6 +825,8 @@ def _time_axis(iterable: Any, loop: Loop) -> _Plan:
                 raise _Fallback("it enumerates an enumerate")
             plan = _time_axis(inner, loop)
             return dataclasses.replace(plan, shape="enumerate-zip")
+        if any(_one_empty(p) for p in iterable.parts):
+            raise _Fallback(_ONE_EMPTY)
         axes = tuple(_axis_of(p) for p in iterable.parts)
         tensors = tuple(p.tensor if isinstance(p, Unbound) else p for p in iterable.parts)
         keepdim = tuple(isinstance(p, Unbound) and p.keepdim for p in iterable.parts)
@@ -794,6 +839,8 @@ def _time_axis(iterable: Any, loop: Loop) -> _Plan:
         if isinstance(iterable, torch.Tensor):
             what = "a 0-d tensor"
         raise _Fallback(f"it iterates over {what}, not along a tensor's axis")
+    if _one_empty(iterable):
+        raise _Fallback(_ONE_EMPTY)
     tensor = iterable.tensor if isinstance(iterable, Unbound) else iterable
     keepdim = isinstance(iterable, Unbound) and iterable.keepdim
     return _Plan(None, (tensor,), (axis,), "item", (keepdim,))
@@ -905,9 +952,21 @@ def _scan(
             in_axes.append(0)
         xs.extend(plan.sequences)
         in_axes.extend(plan.axes)
+        if slices:  # indexed at the count of enumerate: from 0, one row a step
+            n = plan.sequences[0].shape[plan.axes[0]]
+            for sequence, axis in slices:
+                size = sequence.shape[axis]
+                if isinstance(n, int) and isinstance(size, int) and size < n:
+                    raise _Fallback(
+                        f"it indexes a sequence of {size} at the count of an enumerate of {n}"
+                    )
+                message = f"{API}: a sequence indexed at the count of an enumerate is too short"
+                torch._check(size >= n, lambda: message)
+                xs.append(sequence.narrow(axis, 0, n))
+                in_axes.append(axis)
     shape = plan.shape
     # the sequences whose items keep their axis (split), after the step numbers of enumerate
-    offset = len(xs) - len(plan.sequences)
+    offset = len(xs) - len(plan.sequences) - (len(slices) if plan.index is None else 0)
     kept_axes = {
         offset + k: a
         for k, (a, keep) in enumerate(builtins.zip(plan.axes, plan.keepdim, strict=False))
@@ -931,7 +990,9 @@ def _scan(
         elif shape == "enumerate":
             item = (x[0], x[1])
         else:  # enumerate of zip
-            item = (x[0], tuple(x[1:]))
+            item = (x[0], tuple(x[1 : 1 + len(plan.sequences)]))
+        if slices and plan.index is None:  # enumerate's: the rows at its count after the item
+            item = (item, *x[len(x) - len(slices) :])
         return body(item, c, True)
 
     step = _standing_for(step, body, loop)
