@@ -653,6 +653,20 @@ class SplitRows(nn.Module):
         return torch.cat(outs), h
 
 
+class BufferSeenBetweenRuns(nn.Module):
+    """a buffer made before an outer loop, written by an inner one, and viewed after it: the next
+    run reads the view, which sees each write as it is made (so the inner loop stays Python)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.shape[0], 2, *x.shape[1:])
+        previous = torch.zeros_like(x)
+        for k in range(2):
+            for t in range(x.shape[0]):
+                out[t, k] = x[t] + previous[t - 1]
+            previous = out[:, 1]
+        return out
+
+
 class Attribute(nn.Module):
     """state kept on the module."""
 
@@ -724,6 +738,9 @@ PROGRAMS: dict[str, Program] = {
     "attribute": Program(Attribute, lambda n: (_x(n + 1),), False, "sets the attribute"),
     "split-rows": Program(
         SplitRows, lambda n: (torch.rand(n + 1, B, F, generator=_g(n)), _x(n + 1))
+    ),
+    "buffer-seen-between-runs": Program(
+        BufferSeenBetweenRuns, lambda n: (_x(n),), False, "writes into `out` at an index"
     ),
     "item-tolerance": Program(ItemTolerance, lambda n: (_x(n),)),
     "int-item-break": Program(

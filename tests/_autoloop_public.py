@@ -1599,11 +1599,7 @@ PUBLIC: dict[str, Program] = {
         time_axis=1,
     ),
     "sru-cpu": Program(
-        SRUComputeCPU,
-        lambda n: (_seq(n, D),),
-        False,
-        "writes into `h` at an index",
-        empty_raises=True,
+        SRUComputeCPU, lambda n: (_seq(n, D),), empty_raises=True, loops=2
     ),
     "indrnn": Program(IndRNN, lambda n: (_seq(n, D),), empty_raises=True, loops=2),
     "custom-lstms-bidir": Program(

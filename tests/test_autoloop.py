@@ -461,3 +461,36 @@ def test_split_other_than_in_pieces_of_one_is_the_call_as_written() -> None:
     torch.testing.assert_close(got[:2], want[:2], rtol=0, atol=0)
     torch.testing.assert_close(got[3], want[3], rtol=0, atol=0)
     assert "split_rows" in torchscan.autoloop_source(converted)
+
+
+def test_a_range_bound_before_the_loop_converts_where_only_the_loop_reads_it() -> None:
+    def both_ways(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        results = []
+        for forward in (True, False):
+            steps = range(n) if forward else range(n - 1, -1, -1)
+            h = x[0] * 0
+            for t in steps:
+                h = torch.tanh(h + x[t])
+            results.append(h)
+        return results[0], results[1]
+
+    def read_again(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        steps = range(x.shape[0])
+        h = x[0] * 0
+        for t in steps:
+            h = h + x[t]
+        return h, len(steps)
+
+    x = torch.randn(6, 3)
+    converted = torchscan.autoloop(both_ways)
+    torch.testing.assert_close(converted(x), both_ways(x), rtol=0, atol=0)
+    rows = sorted(torchscan.autoloop_report(converted), key=lambda r: r.lineno)
+    assert [r.converted for r in rows] == [False, True]  # over directions, over time
+    kept = torchscan.autoloop(read_again)
+    got, want = kept(x), read_again(x)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    assert got[1] == want[1] == 6
+    (row,) = torchscan.autoloop_report(kept)
+    assert not row.converted
+    assert row.reason == "it iterates over a range, not along a tensor's axis"

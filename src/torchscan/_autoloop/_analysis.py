@@ -35,6 +35,7 @@ class LoopForm:
     reverse: bool = False
     sized: bool = False
     lengths: tuple[ast.expr, ...] = ()  # of len(...) in a range's bounds: sized where tensors
+    bound: ast.Assign | None = None  # `name = range(...)` before `for t in name:`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,15 +258,69 @@ def loop_form(node: ast.For, sized_names: set[str], shadowed: set[str]) -> LoopF
     reverse = it is not None and len(it.args) == 1 and _call(it.args[0], "range") is not None
     it = _call(it.args[0] if reverse and it is not None else node.iter, "range")
     if it is not None and 1 <= len(it.args) <= 3 and not it.keywords:
-        bounds = it.args[:2] if len(it.args) > 1 else it.args
-        lengths = tuple(
-            call.args[0]
-            for a in bounds
-            for sub in ast.walk(a)
-            if (call := _call(sub, "len")) is not None and len(call.args) == 1
-        )
-        return LoopForm("range", reverse, any(is_sized(a, sized_names) for a in bounds), lengths)
+        return LoopForm("range", reverse, is_sized_range(it, sized_names), range_lengths(it))
     return LoopForm("iterable")
+
+
+def range_lengths(call: ast.Call) -> tuple[ast.expr, ...]:
+    """The arguments of the ``len(...)`` calls in the bounds of ``range(...)``."""
+    bounds = call.args[:2] if len(call.args) > 1 else call.args
+    return tuple(
+        found.args[0]
+        for a in bounds
+        for sub in ast.walk(a)
+        if (found := _call(sub, "len")) is not None and len(found.args) == 1
+    )
+
+
+def is_sized_range(call: ast.Call, sized_names: set[str]) -> bool:
+    bounds = call.args[:2] if len(call.args) > 1 else call.args
+    return any(is_sized(a, sized_names) for a in bounds)
+
+
+def bound_range(
+    function: ast.FunctionDef, loop: ast.For, sized_names: set[str], shadowed: set[str]
+) -> LoopForm | None:
+    """The form of ``for t in name:`` where ``name`` is bound once, before the loop, to a
+    range (``name = range(n)``, or ``range(n) if forward else range(n - 1, -1, -1)``) and read
+    nowhere else: a range loop, whose ``range`` calls the conversion makes the runtime's."""
+    if not isinstance(loop.iter, ast.Name) or "range" in shadowed:
+        return None
+    name = loop.iter.id
+    uses = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == name]
+    if len(uses) != 2 or any(isinstance(n.ctx, ast.Del) for n in uses):
+        return None  # bound once and read by the loop's header only
+    bindings = [
+        s
+        for s in ast.walk(function)
+        if isinstance(s, ast.Assign)
+        and len(s.targets) == 1
+        and isinstance(s.targets[0], ast.Name)
+        and s.targets[0].id == name
+    ]
+    if len(bindings) != 1:
+        return None
+    binding = bindings[0]
+    if _last_binding_before(function.body, loop, name) is not binding.value:
+        return None
+    calls = range_calls(binding.value)
+    if not calls:
+        return None
+    sized = any(is_sized_range(c, sized_names) for c in calls)
+    lengths = tuple(a for c in calls for a in range_lengths(c))
+    return LoopForm("range", False, sized, lengths, binding)
+
+
+def range_calls(value: ast.expr) -> list[ast.Call]:
+    """The ``range(...)`` calls ``value`` is made of (``range(...)``, or a conditional
+    expression of those), else none."""
+    if isinstance(value, ast.IfExp):
+        body, orelse = range_calls(value.body), range_calls(value.orelse)
+        return [*body, *orelse] if body and orelse else []
+    call = _call(value, "range")
+    if call is not None and 1 <= len(call.args) <= 3 and not call.keywords:
+        return [call]
+    return []
 
 
 def _call(node: ast.AST, name: str) -> ast.Call | None:
@@ -729,7 +784,12 @@ def _last_binding_before(
             found = _last_binding_before(inner, loop, name, writes)
             if found is not None:
                 return found
-            # bound before the statement enclosing the loop, and not touched in it before
+            # bound before the statement enclosing the loop, and not touched in it before (in
+            # a loop enclosing it, not after it either: that runs before its next run)
+            if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)) and not _untouched_around(
+                stmt, inner, loop, name, writes
+            ):
+                return None
             return binding if _untouched_before(inner, loop, name, writes) else None
         value = _bound_value(stmt, name)
         if value is not None:
@@ -751,6 +811,31 @@ def _enclosing_block(stmt: ast.stmt, loop: ast.For | ast.While) -> list[ast.stmt
         if any(loop is n for s in handler.body for n in ast.walk(s)):
             return handler.body
     return None
+
+
+def _untouched_around(
+    enclosing: ast.For | ast.AsyncFor | ast.While,
+    block: Sequence[ast.stmt],
+    loop: ast.For | ast.While,
+    name: str,
+    writes: bool,
+) -> bool:
+    """Whether the statements of ``block``, the body of a loop ``enclosing`` the loop ``loop``,
+    after ``loop`` (and the enclosing loop's test) leave ``name`` alone: they run between one
+    run of ``loop`` and the next."""
+    test = enclosing.test if isinstance(enclosing, ast.While) else None
+    if test is not None and name in names_loaded([test]):
+        return False
+    after = False
+    for stmt in block:
+        if any(loop is n for n in ast.walk(stmt)):
+            after = True
+            continue
+        if not after or (writes and _writes_into(stmt, name)):
+            continue
+        if name in names_loaded([stmt]) | names_assigned([stmt]):
+            return False
+    return True
 
 
 def _untouched_before(
@@ -786,7 +871,7 @@ def analyse(
         form = LoopForm("while")
         targets: tuple[str, ...] = ()
     else:
-        form = loop_form(loop, sized, shadowed)
+        form = bound_range(function, loop, sized, shadowed) or loop_form(loop, sized, shadowed)
         targets = tuple(sorted(_stored(loop.target)))
     inside = {id(n) for s in loop.body for n in ast.walk(s)}
     if isinstance(loop, ast.While):  # the test runs before each step: read at every step

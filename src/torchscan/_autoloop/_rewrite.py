@@ -140,6 +140,17 @@ class _Slices(ast.NodeTransformer):
 def _iterable(node: ast.expr, form: _analysis.LoopForm, shadowed: set[str]) -> ast.expr:
     """The loop's iterable through the runtime's ``range_``, ``unbind``, ``enumerate_`` and
     ``zip_``."""
+    if form.kind == "range" and form.bound is not None:  # `name = range(...)` before the loop
+        for made in _analysis.range_calls(form.bound.value):
+            keywords = []
+            if not form.sized:
+                lengths = _analysis.range_lengths(made)
+                keywords.append(
+                    ast.keyword("sized", ast.Call(_runtime_attr("any_tensor"), list(lengths), []))
+                )
+            made.func = ast.copy_location(_runtime_attr("range_"), made.func)
+            made.keywords = keywords
+        return node
     if form.kind == "range":
         call = node
         if form.reverse:
