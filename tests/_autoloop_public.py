@@ -1598,9 +1598,7 @@ PUBLIC: dict[str, Program] = {
         lambda n: (_seq(n, H, batch_first=True), torch.sigmoid(_seq(n, H, batch_first=True) + 1)),
         time_axis=1,
     ),
-    "sru-cpu": Program(
-        SRUComputeCPU, lambda n: (_seq(n, D),), empty_raises=True, loops=2
-    ),
+    "sru-cpu": Program(SRUComputeCPU, lambda n: (_seq(n, D),), empty_raises=True, loops=2),
     "indrnn": Program(IndRNN, lambda n: (_seq(n, D),), empty_raises=True, loops=2),
     "custom-lstms-bidir": Program(
         BidirLSTMLayer, lambda n: (_seq(n, D),), empty_raises=True, loops=2

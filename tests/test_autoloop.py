@@ -494,3 +494,25 @@ def test_a_range_bound_before_the_loop_converts_where_only_the_loop_reads_it() -
     (row,) = torchscan.autoloop_report(kept)
     assert not row.converted
     assert row.reason == "it iterates over a range, not along a tensor's axis"
+
+
+def test_a_break_keeps_a_carry_changed_in_place_as_it_was_at_the_test() -> None:
+    # (found by the generated programs) c1, changed only in place, goes back into the tensor
+    # the loop started from: as it was at the test of the step that breaks
+    def program(x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c0 = x.new_full((2, 3), 1.0)
+        c1 = x.new_full((2, 3), 2.0)
+        for t, x_t in enumerate(x):
+            if not (c0.sum() > 8):
+                break
+            c0 = torch.tanh(c0 * a + x_t * (t + 1))
+            c1 += x_t * (t + 1) * 0.5
+        return c0, c1
+
+    converted = torchscan.autoloop(program)
+    a = torch.full((2, 3), 0.7)
+    for x in (torch.randn(1, 2, 3), torch.full((5, 2, 3), 2.0), torch.full((5, 2, 3), -0.3)):
+        want = program(x, a)
+        for _ in range(_hoist.TRACE_AT_CALL):
+            torch.testing.assert_close(converted(x.clone(), a), want)
+    assert [r.converted for r in torchscan.autoloop_report(converted)] == [True]

@@ -8,6 +8,7 @@ one is known. None of these checks touches tensor data: they read shapes, dtypes
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import operator
 import types
@@ -57,7 +58,10 @@ def check_parameters(api: str, name: str, fn: Any, call: str, meaning: str, reme
         return
     # a function's parameters are those of its code (read once per code: the check runs at
     # every call, that of a plan reused too)
-    key = fn.__code__ if type(fn) is types.FunctionType and not fn.__defaults__ else None
+    plain = fn
+    if type(fn) is functools.partial and not fn.args and not fn.keywords:
+        plain = fn.func  # (a partial without arguments has its function's parameters)
+    key = plain.__code__ if type(plain) is types.FunctionType and not plain.__defaults__ else None
     if key is not None and key in _TAKES_TWO:
         return
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn

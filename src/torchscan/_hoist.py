@@ -606,6 +606,7 @@ class Hoisted:
     sequence_count: int
     sequence_bytes: int  # per step
     source: str  # the generated loop, for debugging
+    stops: bool  # the step returns until(stop): the loop may end before its last step
     operations: tuple[str, ...]  # the operations of the loop, by name
 
 
@@ -879,6 +880,7 @@ def _split(gm: torch.fx.GraphModule, walk: _Walk, n_carry: int, shape: dict[str,
         sequence_count=len(sequence_out),
         sequence_bytes=sum(_bytes(n) for n in sequence_out),
         source=source,
+        stops=bool(shape["until"]),
         operations=tuple(
             str(getattr(n.target, "__name__", n.target))
             for n in nodes
@@ -1419,7 +1421,10 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
             "than AUTO_MEMORY_LIMIT bytes",
         )
     if n < BATCH_FROM or not hoisted.sequence_count or too_big:
-        columns = [x.unbind(a) for x, a in zip(xs, axes, strict=True)]
+        # a loop that may stop early takes each step's slice as it comes to it
+        columns = [
+            _Slices(x, a) if hoisted.stops else x.unbind(a) for x, a in zip(xs, axes, strict=True)
+        ]
         loop = hoisted.inline
     else:
         try:
@@ -1457,6 +1462,18 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
     if hoisted.y_leaf:
         return final_carry, stacked[0]
     return final_carry, _pytree.tree_unflatten(_fill(stacked, flags), hoisted.y_spec)
+
+
+class _Slices:
+    """``x.unbind(axis)`` taken one step at a time: ``[t]`` is ``x.select(axis, t)``."""
+
+    __slots__ = ("axis", "x")
+
+    def __init__(self, x: torch.Tensor, axis: int) -> None:
+        self.x, self.axis = x, axis
+
+    def __getitem__(self, t: int) -> torch.Tensor:
+        return self.x.select(self.axis, t)
 
 
 def _warn(plan: ScanPlan, reason: str) -> None:

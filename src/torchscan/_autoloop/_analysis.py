@@ -999,11 +999,7 @@ def dead_updates(
         updates = [s for s in loop.body if _pure_update(s, name)]
         inside = {id(n) for s in updates for n in ast.walk(s)}
         touched = [
-            n
-            for n in scope
-            if id(n) not in inside
-            and isinstance(n, ast.Name)
-            and n.id == name
+            n for n in scope if id(n) not in inside and isinstance(n, ast.Name) and n.id == name
         ]
         if updates and not touched:
             found.extend(updates)

@@ -265,11 +265,12 @@ class _Loops(ast.NodeTransformer):
         info = self.infos[id(node)]
         self.generic_visit(node)
         index = len(self.loops)
+        held = _held(node, info, index)
         loop = _runtime.Loop(
             self.function,
             self.filename,
             node.lineno,
-            info.carries,
+            (*info.carries, *held),
             info.lists,
             strict=self.strict,
             reason=info.reason,
@@ -287,11 +288,19 @@ class _Loops(ast.NodeTransformer):
             kept = ast.Expr(ast.Call(_runtime_attr("kept"), [record, ast.Constant(None)], []))
             return [ast.fix_missing_locations(ast.copy_location(kept, node)), node]
         self.converted += 1
-        return [ast.fix_missing_locations(s) for s in self._converted(node, info, record, index)]
+        return [
+            ast.fix_missing_locations(s) for s in self._converted(node, info, record, index, held)
+        ]
 
     def _converted(
-        self, node: ast.For | ast.While, info: _analysis.LoopInfo, record: ast.expr, index: int
+        self,
+        node: ast.For | ast.While,
+        info: _analysis.LoopInfo,
+        record: ast.expr,
+        index: int,
+        held: tuple[str, ...],
     ) -> list[ast.stmt]:
+        carries = (*info.carries, *held)
         body_name = f"__autoloop_body_{index}"
         appended = _analysis.appended_lists(node.body)
         ys = {name: f"__autoloop_y_{k}" for k, name in enumerate(info.lists)}
@@ -315,7 +324,7 @@ class _Loops(ast.NodeTransformer):
                     names = [_name(f"__autoloop_x_{k}", ast.Store()) for k in range(len(slices))]
                     target = ast.Tuple([target, *names], ast.Store())
             body.append(ast.copy_location(ast.Assign([target], _name(_ITEM)), node))
-        body.extend(_unpack_carry(info.carries, node))
+        body.extend(_unpack_carry(carries, node))
         outputs = [b for b in info.buffers if not b.carried]
         written = {b.name: f"__autoloop_b_{k}" for k, b in enumerate(outputs)}
         ys_tuple = _tuple([*[ys[n] for n in info.lists], *written.values()], ast.Load())
@@ -338,10 +347,22 @@ class _Loops(ast.NodeTransformer):
                 body.append(ast.copy_location(ast.Assign([_name(_STOP, ast.Store())], flag), stmt))
                 surely = _analysis.surely_assigned(node.body[:k])
                 stopped = _runtime_attr("STOP") if k == info.stop else None  # else the next step
-                early = _returned(info.carries, ys_tuple, stopped, stmt, surely)
+                early = _returned(carries, ys_tuple, stopped, stmt, surely)
                 test = ast.Call(_runtime_attr("stops"), [_name(_STOP), _name(_SCANNING)], [])
                 body.append(ast.copy_location(ast.If(test, early, []), stmt))
-                if kept:  # in a scan (as Python runs it, the step has not stopped here)
+                if held and k == info.stop:
+                    # in a scan, the values at the test and the flag carried to the loop's end,
+                    # where the step that stops gives them (no select at every step)
+                    hold = [
+                        ast.Assign([_tuple(held[:-1], ast.Store())], _tuple(kept, ast.Load())),
+                        ast.Assign(
+                            [_name(held[-1], ast.Store())],
+                            ast.Call(_runtime_attr("flag_"), [_name(_STOP)], []),
+                        ),
+                    ]
+                    body.append(ast.copy_location(ast.If(_name(_SCANNING), hold, []), stmt))
+                    kept = []
+                elif kept:  # in a scan (as Python runs it, the step has not stopped here)
                     keep = ast.Assign([_name(_KEEP, ast.Store())], _tuple(kept, ast.Load()))
                     body.append(ast.copy_location(ast.If(_name(_SCANNING), [keep], []), stmt))
                 continue
@@ -374,11 +395,11 @@ class _Loops(ast.NodeTransformer):
                 _runtime_attr("until_"), [_name(_STOP), _name(_SCANNING), record, stop_line], []
             )
         surely = _analysis.surely_assigned(node.body)
-        body.extend(_returned(info.carries, ys_tuple, until, node, surely))
+        body.extend(_returned(carries, ys_tuple, until, node, surely))
         out: list[ast.stmt] = []
         if isinstance(node, ast.While):
             test_name = f"__autoloop_test_{index}"
-            test_body = [*_unpack_carry(info.carries, node), ast.Return(node.test)]
+            test_body = [*_unpack_carry(carries, node), ast.Return(node.test)]
             out.append(ast.copy_location(_function(test_name, [_CARRY], test_body), node))
         params = [_ITEM, _CARRY, _SCANNING]
         if info.tests:
@@ -395,6 +416,12 @@ class _Loops(ast.NodeTransformer):
             temp = f"__autoloop_init_{index}_{k}"
             initial.append(temp)
             out.append(ast.copy_location(_read_or_undefined(temp, name), node))
+        unstopped = f"__autoloop_unstopped_{index}"
+        if held:  # from the values the kept carries start from; not stopped
+            kept_initial = [initial[info.carries.index(n)] for n in _kept_at_stop(node, info)]
+            initial += [*kept_initial, unstopped]
+            unstop = ast.Call(_runtime_attr("unstopped"), [_name(n) for n in kept_initial], [])
+            out.append(ast.copy_location(ast.Assign([_name(unstopped, ast.Store())], unstop), node))
         if isinstance(node, ast.While):
             call = ast.Call(
                 _runtime_attr("while_"),
@@ -457,7 +484,7 @@ class _Loops(ast.NodeTransformer):
                 ast.Assign(
                     [
                         ast.Tuple(
-                            [_tuple(info.carries, ast.Store()), _tuple(info.lists, ast.Store())],
+                            [_tuple(carries, ast.Store()), _tuple(info.lists, ast.Store())],
                             ast.Store(),
                         )
                     ],
@@ -466,8 +493,18 @@ class _Loops(ast.NodeTransformer):
                 node,
             )
         )
+        if held:  # a scan that stopped at a `break`: the kept carries as they were at its test
+            kept_names = _kept_at_stop(node, info)
+            select = ast.Call(
+                _runtime_attr("select"),
+                [_name(held[-1]), _tuple(held[:-1], ast.Load()), _tuple(kept_names, ast.Load())],
+                [],
+            )
+            stopped = ast.Compare(_name(held[-1]), [ast.IsNot()], [_name(unstopped)])
+            chosen = ast.Assign([_tuple(kept_names, ast.Store())], select)
+            out.append(ast.copy_location(ast.If(stopped, [chosen], []), node))
         # unbound after the loop where it was before and no step ran
-        out.extend(_unbind_undefined(info.carries, node))
+        out.extend(_unbind_undefined(carries, node))
         out.extend(node.orelse)
         return out
 
@@ -558,6 +595,28 @@ def _read_or_undefined(temp: str, name: str) -> ast.stmt:
     )
 
 
+def _kept_at_stop(node: ast.For | ast.While, info: _analysis.LoopInfo) -> list[str]:
+    """The carries the statements after the loop's ``if condition: break`` assign: as the loop
+    leaves them where it breaks, those at the test."""
+    if info.stop is None:
+        return []
+    after = _analysis.names_assigned(node.body[info.stop + 1 :])
+    return [c for c in info.carries if c in after]
+
+
+def _held(node: ast.For | ast.While, info: _analysis.LoopInfo, index: int) -> tuple[str, ...]:
+    """The names of the carries a scan adds for a ``break`` with statements after its test:
+    the kept carries' values at the test, then whether the step stopped."""
+    kept = _kept_at_stop(node, info)
+    written_back = {*info.augmented, *(b.name for b in info.buffers if b.carried)}
+    if not kept or written_back & set(kept):
+        return ()  # (the scan's last values go back into those tensors: selected at each step)
+    return (
+        *[f"__autoloop_held_{index}_{k}" for k in range(len(kept))],
+        f"__autoloop_stopped_{index}",
+    )
+
+
 def _enumerate_count(node: ast.For, shadowed: set[str]) -> str | None:
     """The name of the count where ``node`` is ``for i, item in enumerate(sequence):`` (counting
     from 0): rows indexed at it (``forgets[i]``) are scanned with the sequence."""
@@ -585,10 +644,14 @@ class _Items(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.expr:
         self.generic_visit(node)
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr == "item" and not node.args:
-            if not node.keywords:
-                call = ast.Call(_runtime_attr("item_"), [func.value, _name(_SCANNING)], [])
-                return ast.copy_location(call, node)
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "item"
+            and not node.args
+            and not node.keywords
+        ):
+            call = ast.Call(_runtime_attr("item_"), [func.value, _name(_SCANNING)], [])
+            return ast.copy_location(call, node)
         return node
 
     def visit_Lambda(self, node: ast.Lambda) -> ast.Lambda:

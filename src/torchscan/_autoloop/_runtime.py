@@ -195,8 +195,9 @@ def rows(tensor: Any, *args: Any, **kwargs: Any) -> Any:
 def _one_empty(value: Any) -> bool:
     """Whether ``value`` is ``tensor.split(1, axis)`` along an axis of size 0, which Python
     iterates as one piece, empty (``split`` always gives one), and a scan as no step."""
-    keepdim = isinstance(value, (Rows, Unbound)) and value.keepdim
-    return keepdim and not _symbolic(value.tensor, value.axis) and value.tensor.shape[value.axis] == 0
+    if not (isinstance(value, (Rows, Unbound)) and value.keepdim):
+        return False
+    return not _symbolic(value.tensor, value.axis) and value.tensor.shape[value.axis] == 0
 
 
 def split_rows(value: Any, *args: Any, **kwargs: Any) -> Any:
@@ -670,6 +671,21 @@ def select(flag: Any, before: tuple[Any, ...], after: tuple[Any, ...]) -> Any:
     return pytree.tree_map(lambda b, a: torch.where(condition, b, a), before, after)
 
 
+def flag_(flag: Any) -> torch.Tensor:
+    """The 0-d bool tensor of a ``break``'s condition, carried to the loop's end."""
+    return _as_flag(flag)
+
+
+def unstopped(*kept: Any) -> Any:
+    """The flag a scan that may ``break`` starts from: false, a 0-d bool tensor on the device of
+    the first tensor of ``kept`` (the carries it keeps at the test)."""
+    for value in kept:
+        for leaf in pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor):
+                return torch.zeros((), dtype=torch.bool, device=leaf.device)
+    return torch.zeros((), dtype=torch.bool)
+
+
 def until_(flag: Any, scanning: bool, loop: Loop | None = None, line: int = 0) -> Any:
     """The step's stop flag in a scan; as Python runs it, None (the step did not stop).
     ``loop`` and ``line``: the loop and the line of its ``if condition: break``."""
@@ -807,6 +823,7 @@ class _Plan:
     keepdim: tuple[bool, ...] = ()  # of each sequence: its items keep the axis (split)
 
 
+_TOO_SHORT = f"{API}: a sequence indexed at the count of an enumerate is too short"
 _ONE_EMPTY = "it iterates over `split(1, axis)` of no rows, which gives one empty piece"
 
 
@@ -960,8 +977,7 @@ def _scan(
                     raise _Fallback(
                         f"it indexes a sequence of {size} at the count of an enumerate of {n}"
                     )
-                message = f"{API}: a sequence indexed at the count of an enumerate is too short"
-                torch._check(size >= n, lambda: message)
+                torch._check(size >= n, lambda: _TOO_SHORT)
                 xs.append(sequence.narrow(axis, 0, n))
                 in_axes.append(axis)
     shape = plan.shape
