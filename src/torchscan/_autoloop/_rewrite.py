@@ -353,7 +353,7 @@ class _Loops(ast.NodeTransformer):
                 if held and k == info.stop:
                     # in a scan, the values at the test and the flag carried to the loop's end,
                     # where the step that stops gives them (no select at every step)
-                    hold = [
+                    hold: list[ast.stmt] = [
                         ast.Assign([_tuple(held[:-1], ast.Store())], _tuple(kept, ast.Load())),
                         ast.Assign(
                             [_name(held[-1], ast.Store())],
