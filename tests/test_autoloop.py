@@ -6,12 +6,14 @@ lengths); the loops that stay Python with their reasons; the report, the source,
 from __future__ import annotations
 
 import copy
+import re
 import traceback
 from pathlib import Path
 
 import onnx
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 import torchscan
 from torchscan import _autoloop, _hoist
@@ -516,3 +518,90 @@ def test_a_break_keeps_a_carry_changed_in_place_as_it_was_at_the_test() -> None:
         for _ in range(_hoist.TRACE_AT_CALL):
             torch.testing.assert_close(converted(x.clone(), a), want)
     assert [r.converted for r in torchscan.autoloop_report(converted)] == [True]
+
+
+def _checkpointed(module: torch.nn.Module, reentrant: bool) -> torch.nn.Module:
+    class Checkpointed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, *inputs: torch.Tensor) -> object:
+            return checkpoint(self.inner, *inputs, use_reentrant=reentrant)
+
+    return Checkpointed()
+
+
+def _backward_grads(
+    module: torch.nn.Module, leaves: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]
+) -> list[torch.Tensor | None]:
+    """The gradients of :func:`_grads`, by ``backward()`` (a reentrant checkpoint takes no
+    ``torch.autograd.grad``)."""
+    for p in [*leaves, *module.parameters()]:
+        p.grad = None
+    made = iter(leaves)
+    out = module(*[next(made) * 1 if i.is_floating_point() else i for i in inputs])
+    outputs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+    total = sum((o.float() * (k + 1)).sum() for k, o in enumerate(outputs) if o.is_floating_point())
+    total.backward()  # type: ignore[union-attr]
+    return [p.grad for p in [*leaves, *module.parameters()]]
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("name", DIFFERENTIABLE)
+def test_a_checkpoint_of_the_converted_module_recomputes_it_alike(
+    name: str, reentrant: bool
+) -> None:
+    """torch.utils.checkpoint runs the converted loops again in backward (the non-reentrant
+    one stops that recomputation early, through the scan): the gradients of the original."""
+    program = corpus.PROGRAMS[name]
+    original, converted = pair(name)
+    inputs = program.inputs(4)
+    leaves = tuple(i.clone().requires_grad_() for i in inputs if i.is_floating_point())
+    want = _backward_grads(original, leaves, inputs)
+    try:
+        _backward_grads(_checkpointed(original, reentrant), leaves, inputs)
+    except RuntimeError as error:  # (a reentrant one makes the inputs leaves: no change in place)
+        refusal = str(error)
+        with pytest.raises(RuntimeError, match=re.escape(refusal)):
+            _backward_grads(_checkpointed(converted, reentrant), leaves, inputs)
+        return
+    wrapped = _checkpointed(converted, reentrant)
+    for _ in range(_hoist.TRACE_AT_CALL):
+        got = _backward_grads(wrapped, leaves, inputs)
+        for g, w in zip(got, want, strict=True):
+            if w is None:
+                assert g is None
+            else:
+                torch.testing.assert_close(g, w)
+
+
+# torch's own warning where vmap has no batching rule for an operator (it loops over the batch)
+@pytest.mark.filterwarnings("ignore:There is a performance drop because we have not yet")
+@pytest.mark.parametrize("name", CONVERTING)
+def test_vmap_of_the_converted_module_computes_as_that_of_the_original(name: str) -> None:
+    """torch.func.vmap over a batch of inputs computes what the loop as written computes for
+    each; where vmap refuses the loop as written (a value read, an operator it cannot batch),
+    the converted one computes that or is refused too."""
+    program = corpus.PROGRAMS[name]
+    original, converted = pair(name)
+    examples = [
+        tuple(i * 0.5 if k and i.is_floating_point() else i for i in program.inputs(4))
+        for k in range(2)
+    ]
+    each = [original(*copy.deepcopy(example)) for example in examples]
+    want = torch.utils._pytree.tree_map(lambda *v: torch.stack(v), *each)
+    inputs = tuple(torch.stack(list(parts)) for parts in zip(*examples, strict=True))
+    try:
+        torch.func.vmap(original)(*copy.deepcopy(inputs))
+    except RuntimeError:
+        refused = True
+    else:
+        refused = False
+    for _ in range(_hoist.TRACE_AT_CALL):
+        try:
+            got = torch.func.vmap(converted)(*copy.deepcopy(inputs))
+        except (RuntimeError, TypeError):
+            assert refused
+            continue
+        torch.testing.assert_close(got, want)

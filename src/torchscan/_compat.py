@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from types import CodeType, ModuleType, SimpleNamespace
@@ -76,6 +77,7 @@ __all__ = [
     "dynamo_graph_nodes",
     "functorch_transforms_active",
     "guard_on_data_dependent_error",
+    "is_recomputation_stop",
     "map_over",
     "maybe_run_with_interpreter",
     "non_strict_torch_function_handler",
@@ -360,6 +362,14 @@ def runs_eagerly(tensors: Any) -> bool:
     return all(type(t) in plain for t in tensors if isinstance(t, torch.Tensor))
 
 
+def is_recomputation_stop(error: BaseException) -> bool:
+    """Whether ``error`` is how ``torch.utils.checkpoint`` (non-reentrant) ends a recomputation
+    early, once it has what its backward needs: no failure of the code it stops in."""
+    checkpoint = sys.modules.get("torch.utils.checkpoint")  # (not imported: not its error)
+    stop = getattr(checkpoint, "_StopRecomputationError", None)
+    return stop is not None and isinstance(error, stop)
+
+
 def saved_tensors_hooks_active() -> bool:
     """Whether ``torch.autograd.graph.saved_tensors_hooks`` are in force: ``torch.utils.checkpoint``
     (which holds a recomputation to save what its forward saved), activation offloading."""
@@ -551,6 +561,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "_top_saved_tensors_default_hooks",
         "whether saved-tensor hooks are in force (torch.utils.checkpoint): a scan then takes the "
         "same path in a recomputation as in its forward",
+    ),
+    PrivateSymbol(
+        "torch.utils.checkpoint",
+        "_StopRecomputationError",
+        "let torch.utils.checkpoint end a recomputation early through a converted loop (it is no "
+        "failure of the step, after which the loop would run again as Python)",
     ),
     # torch.compile
     PrivateSymbol(

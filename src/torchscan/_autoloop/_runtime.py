@@ -23,6 +23,7 @@ from typing import Any, NoReturn, SupportsIndex
 
 import torch
 
+from torchscan import _compat
 from torchscan._compat import pytree
 from torchscan._errors import ExportError, TorchscanError, TorchscanTypeError
 
@@ -1380,7 +1381,7 @@ def _failed(error: Exception, what: str) -> NoReturn:
     the error itself (the Python loop could only be unrolled to the length being traced);
     else the reason to run the loop as Python, which raises the error again where it is the
     user's own."""
-    if torch.compiler.is_exporting():
+    if torch.compiler.is_exporting() or _compat.is_recomputation_stop(error):
         raise error
     if isinstance(error, TorchscanError):
         raise _Fallback(_first_line(error)) from None
