@@ -35,6 +35,12 @@ HEADERS = {
     "zip": ("for x_t, y_t in zip(x, x.flip(0)):", "(x_t - y_t)"),
     "reversed": ("for t in reversed(range(1, len(x))):", "x[:, :][t]"),
     "unbound": ("for t in range(len(xs)):", "xs[t]"),  # xs = x.unbind(0)
+    "pieces": ("for t, p_t in enumerate(x.split(1, 0)):", "(p_t[0] + ps[t][0])"),
+    "bound-range": ("for t in steps:", "x[t]"),
+}
+PRELUDES = {  # made just before the loop, for some headers
+    "pieces": ["ps = x.flip(0).split(1, dim=0)"],  # indexed at the count of the enumerate
+    "bound-range": ["steps = range(x.shape[0]) if flag else range(x.shape[0] - 1, -1, -1)"],
 }
 
 
@@ -46,6 +52,8 @@ class LoopProgram:
     lists: tuple[str, ...]
     temporaries_read_after: tuple[str, ...]
     buffer: bool = False
+    counts: bool = False  # `steps_run += 1` in the body
+    count_read: bool = False  # and the count returned
 
     def source(self) -> str:
         head, _ = HEADERS[self.header]
@@ -57,12 +65,17 @@ class LoopProgram:
         lines += ["    xb = x.transpose(0, 1)", "    xs = x.unbind(0)"]  # batch first, rows
         if self.buffer:
             lines += [f"    buf = x.new_zeros(x.shape[0], {B}, {F})"]
+        if self.counts:
+            lines += ["    steps_run = 0"]
+        lines += [f"    {line}" for line in PRELUDES.get(self.header, [])]
         lines += [f"    {head}"]
         lines += [f"        {s}" for s in self.body] or ["        pass"]
         results = [*self.carries, *(f"torch.stack({n})" for n in self.lists)]
         results += list(self.temporaries_read_after)
         if self.buffer:
             results.append("buf")
+        if self.count_read:
+            results.append("steps_run")
         lines += [f"    return ({', '.join(results)},)"]
         return "\n".join(lines) + "\n"
 
@@ -75,9 +88,9 @@ def loop_programs(draw: st.DrawFn) -> LoopProgram:
     lists: list[str] = []
     temporaries: list[str] = []
     body: list[str] = []
-    buffer = stops = False
+    buffer = stops = counts = count_read = False
     kinds = ["update", "temporary", "from-temporary", "swap", "flag", "append", "augment"]
-    kinds += ["buffer", "break", "step-test", "indexed"]
+    kinds += ["buffer", "break", "step-test", "indexed", "count"]
     for _ in range(draw(st.integers(1, 6))):
         kind = draw(st.sampled_from(kinds))
         target, source = draw(st.sampled_from(carries)), draw(st.sampled_from(carries))
@@ -124,11 +137,18 @@ def loop_programs(draw: st.DrawFn) -> LoopProgram:
         elif kind == "break" and not stops:
             stops = True
             leave = draw(st.sampled_from(["break", "continue"]))
-            test = f"{source}.sum() > {draw(st.sampled_from([4, 8, 16]))}"
+            value = draw(st.sampled_from([".sum()", ".sum().item()"]))  # a tensor or its value
+            test = f"{source}{value} > {draw(st.sampled_from([4, 8, 16]))}"
             test = f"not ({test})" if draw(st.booleans()) else test
             body.append(f"if {test}: {leave}")
+        elif kind == "count" and not counts:
+            counts = True
+            count_read = draw(st.booleans())  # read after the loop, or a count nobody reads
+            body.append("steps_run += 1")
     read_after = tuple(t for t in temporaries if draw(st.booleans()))
-    return LoopProgram(header, tuple(body), carries, tuple(lists), read_after, buffer)
+    return LoopProgram(
+        header, tuple(body), carries, tuple(lists), read_after, buffer, counts, count_read
+    )
 
 
 def _compile(program: LoopProgram):
@@ -140,7 +160,7 @@ def _compile(program: LoopProgram):
 def _call(fn, x: torch.Tensor, a: torch.Tensor, flag: bool) -> object:
     try:
         return fn(x, a, flag)
-    except (RuntimeError, UnboundLocalError, NameError) as error:
+    except (RuntimeError, UnboundLocalError, NameError, IndexError) as error:
         return error
 
 
