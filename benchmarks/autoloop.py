@@ -1,14 +1,14 @@
 """Loops converted by ``torchscan.autoloop`` against the same loops as written.
 
-Four models as their authors write them (an Elman RNN with ``x[t]`` and a GRU cell over the rows
+Five models as their authors write them (an Elman RNN with ``x[t]`` and a GRU cell over the rows
 of ``x``, outputs appended to a list and stacked; a batch-first GRU cell writing its states into
 a buffer, ``out[:, t] = h``; a fixed-point iteration that stops at a tolerance, ``if ...:
-break``, at most T steps), run as written and converted by
-``torchscan.autoloop``, interleaved in one process (each repetition runs both, in rotating
-order) on one thread: forward (``no_grad``) and forward + backward. The medians are reported,
-and the converted loop's ratio to the loop as written (below 1: faster). The converted model is
-checked against the original before it is timed, and called three times first (a scan's step is
-hoisted from its third call). Options: ``--T --B --H --repeats --threads``.
+break``, at most T steps; conjugate gradient, ``while`` on the residual), run as written and
+converted by ``torchscan.autoloop``, interleaved in one process (each repetition runs both, in
+rotating order) on one thread: forward (``no_grad``) and forward + backward. The medians are
+reported, and the converted loop's ratio to the loop as written (below 1: faster). The converted
+model is checked against the original before it is timed, and called three times first (a scan's
+step is hoisted from its third call). Options: ``--T --B --H --repeats --threads``.
 """
 
 from __future__ import annotations
@@ -94,11 +94,36 @@ class FixedPoint(torch.nn.Module):
         return z
 
 
+class ConjugateGradient(torch.nn.Module):
+    def __init__(self, features: int, hidden: int) -> None:
+        super().__init__()
+        m = torch.randn(hidden, hidden) / hidden**0.5
+        self.a = torch.nn.Parameter(m @ m.T + torch.eye(hidden))  # some 20 steps to the tolerance
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.mean(0)
+        z = torch.zeros_like(b)
+        r = b - z @ self.a
+        p = r
+        rs = (r * r).sum()
+        tol = 1e-8 * rs
+        while rs > tol:
+            ap = p @ self.a
+            alpha = rs / (p * ap).sum()
+            z = z + alpha * p
+            r = r - alpha * ap
+            rs_new = (r * r).sum()
+            p = r + (rs_new / rs) * p
+            rs = rs_new
+        return z
+
+
 MODELS = (
     ("Elman (x[t])", Elman),
     ("GRUCell (rows of x)", GRU),
     ("GRUCell (out[:, t] = h)", Buffer),
     ("fixed point (break)", FixedPoint),
+    ("conjugate gradient (while)", ConjugateGradient),
 )
 
 

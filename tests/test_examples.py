@@ -29,7 +29,7 @@ BENCHMARKS = {
 }
 # suite.py prints several tables (--quick: 3 cells, 2 lengths, 1 hidden size, 2 thread settings)
 ROWS = {
-    "autoloop.py": 4 * 2,  # 4 models, 2 modes
+    "autoloop.py": 5 * 2,  # 5 models, 2 modes
     "bidirectional.py": 2 * 3 + 2,  # eager: 2 modes, 3 implementations; onnxruntime: 2 graphs
     "copies.py": 3 * 4,  # 3 modes, 2 loops with and without copies
     "eager_scan.py": 9,

@@ -356,10 +356,12 @@ def runs_eagerly(tensors: Any) -> bool:
     functional one."""
     if torch.compiler.is_exporting() or torch.compiler.is_compiling():
         return False
-    if _get_current_dispatch_mode() is not None or detect_fake_mode(tensors) is not None:
+    if _get_current_dispatch_mode() is not None:
         return False
     plain = (torch.Tensor, torch.nn.Parameter)
-    return all(type(t) in plain for t in tensors if isinstance(t, torch.Tensor))
+    if not all(type(t) in plain for t in tensors if isinstance(t, torch.Tensor)):
+        return False  # (a fake or functional tensor among them)
+    return detect_fake_mode(()) is None  # the fake mode of a tracing context
 
 
 def is_recomputation_stop(error: BaseException) -> bool:

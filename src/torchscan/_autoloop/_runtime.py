@@ -1328,6 +1328,11 @@ def _while(
         if reason is not None:
             raise _Fallback(reason)
         buffers = _inplace_buffers(loop, carry, inplace)
+        if _plainly_eager(carry, first):
+            # nothing traces it: the loop as written is the fastest way to run it (a while has
+            # no work to hoist), and computes what torchscan.loop computes
+            _record(loop, True, "")
+            return _python_while(first, test, body, carry, lists)
         new, ys = _while_loop(loop, test, body, carry, first if is_tensor else None, lists)
         return _write_back(buffers, None, (), new), ys
     except _Fallback as reason:
@@ -1338,15 +1343,38 @@ def _while(
                 f"{API}: the loop of {loop.where()} runs as Python: {reason}"
             ) from None
         _record(loop, False, str(reason))
-        going = first
-        while going:
-            carry, ys, *stop = body(None, carry, False)
-            for items, y in builtins.zip(lists, ys, strict=False):
-                items.append(y)
-            if stop and stop[0] is STOP:
-                break
-            going = test(carry)
-        return carry, lists
+        return _python_while(first, test, body, carry, lists)
+
+
+def _python_while(
+    first: Any,
+    test: Callable[[tuple[Any, ...]], Any],
+    body: Callable[..., Any],
+    carry: tuple[Any, ...],
+    lists: tuple[Any, ...],
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The ``while`` statement as written, from its condition's first value ``first``."""
+    going = first
+    while going:
+        carry, ys, *stop = body(None, carry, False)
+        for items, y in builtins.zip(lists, ys, strict=False):
+            items.append(y)
+        if stop and stop[0] is STOP:
+            break
+        going = test(carry)
+    return carry, lists
+
+
+def _plainly_eager(carry: tuple[Any, ...], first: Any) -> bool:
+    """Whether a loop runs on plain tensors that nothing traces or transforms: no torch.export,
+    torch.compile, dispatch mode, torch.jit trace or torch.func transform."""
+    if torch.jit.is_tracing() or _compat.functorch_transforms_active():  # pyright: ignore[reportPrivateImportUsage]
+        return False
+    values = (first, *carry)
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if len(tensors) < len(values):  # pytrees among them
+        tensors = [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
+    return _compat.runs_eagerly(tensors)
 
 
 def _while_loop(
