@@ -100,6 +100,7 @@ __all__ = [
     "unbacked_symbols",
     "uncaptured_operator_error",
     "unique_graph_id",
+    "untraced",
     "written_arguments",
 ]
 
@@ -377,6 +378,17 @@ def saved_tensors_hooks_active() -> bool:
     (which holds a recomputation to save what its forward saved), activation offloading."""
     hooks = torch._C._autograd._top_saved_tensors_default_hooks  # pyright: ignore[reportAttributeAccessIssue]
     return hooks(False) is not None
+
+
+def untraced() -> bool:
+    """Whether the caller runs as plain Python on tensors: no torch.compile, torch.export,
+    torch.jit trace, dispatch mode (make_fx's proxies, fake tensors) or torch.func transform."""
+    return not (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()  # pyright: ignore[reportPrivateImportUsage]
+        or _get_current_dispatch_mode() is not None
+        or torch._C._are_functorch_transforms_active()
+    )
 
 
 def functorch_transforms_active() -> bool:

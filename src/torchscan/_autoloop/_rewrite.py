@@ -25,6 +25,7 @@ the original's globals, defaults, keyword defaults and attributes.
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import textwrap
 import types
@@ -288,9 +289,22 @@ class _Loops(ast.NodeTransformer):
             kept = ast.Expr(ast.Call(_runtime_attr("kept"), [record, ast.Constant(None)], []))
             return [ast.fix_missing_locations(ast.copy_location(kept, node)), node]
         self.converted += 1
-        return [
-            ast.fix_missing_locations(s) for s in self._converted(node, info, record, index, held)
-        ]
+        written = copy.deepcopy(node) if isinstance(node, ast.While) else None
+        converted = self._converted(node, info, record, index, held)
+        if written is not None:
+            # nothing traces it: as written (a while has no work to hoist, and torchscan.loop's
+            # checks at every step cost it time); else the loop operator
+            assert isinstance(written, ast.While)
+            written.test = ast.Call(_runtime_attr("going"), [record, written.test], [])
+            carries = []
+            before: list[ast.stmt] = []
+            for k, name in enumerate(info.carries):
+                temp = f"__autoloop_init_{index}_{k}"
+                carries.append(temp)
+                before.append(ast.copy_location(_read_or_undefined(temp, name), node))
+            test = ast.Call(_runtime_attr("as_written"), [record, _tuple(carries, ast.Load())], [])
+            converted = [*before, ast.copy_location(ast.If(test, [written], converted), node)]
+        return [ast.fix_missing_locations(s) for s in converted]
 
     def _converted(
         self,

@@ -892,6 +892,8 @@ def _python(
 
 
 def _is_tensor_tree(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
     leaves = pytree.tree_leaves(value)
     return all(isinstance(leaf, torch.Tensor) or leaf is None for leaf in leaves)
 
@@ -1321,18 +1323,11 @@ def _while(
     is_tensor = isinstance(first, torch.Tensor)
     try:
         if not is_tensor and not (first is True and loop.stops):
-            raise _Fallback(
-                f"its condition is a {type(first).__name__}, not a tensor: it counts in Python"
-            )
+            raise _Fallback(_not_a_tensor(first))
         reason = _not_a_carry(loop.carries, carry)
         if reason is not None:
             raise _Fallback(reason)
         buffers = _inplace_buffers(loop, carry, inplace)
-        if _plainly_eager(carry, first):
-            # nothing traces it: the loop as written is the fastest way to run it (a while has
-            # no work to hoist), and computes what torchscan.loop computes
-            _record(loop, True, "")
-            return _python_while(first, test, body, carry, lists)
         new, ys = _while_loop(loop, test, body, carry, first if is_tensor else None, lists)
         return _write_back(buffers, None, (), new), ys
     except _Fallback as reason:
@@ -1365,16 +1360,35 @@ def _python_while(
     return carry, lists
 
 
-def _plainly_eager(carry: tuple[Any, ...], first: Any) -> bool:
-    """Whether a loop runs on plain tensors that nothing traces or transforms: no torch.export,
-    torch.compile, dispatch mode, torch.jit trace or torch.func transform."""
-    if torch.jit.is_tracing() or _compat.functorch_transforms_active():  # pyright: ignore[reportPrivateImportUsage]
+def as_written(loop: Loop, carry: tuple[Any, ...]) -> bool:
+    """Whether a converted ``while`` runs as written now, its carries ``carry`` before it:
+    nothing traces or transforms it (no torch.export, torch.compile, dispatch mode, torch.jit
+    trace or torch.func transform). Its first :func:`going` records whether it would have run
+    as a loop operator."""
+    if not _compat.untraced():
         return False
-    values = (first, *carry)
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    if len(tensors) < len(values):  # pytrees among them
-        tensors = [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
-    return _compat.runs_eagerly(tensors)
+    _pending[id(loop)] = _not_a_carry(loop.carries[: len(carry)], carry) or ""
+    return True
+
+
+_pending: dict[int, str] = {}
+"""Of a ``while`` run as written (by the id of its :class:`Loop`), why its carries keep it
+Python, until its condition is first read."""
+
+
+def going(loop: Loop, condition: Any) -> Any:
+    """The condition of a ``while`` run as written, each time Python reads it; the first time,
+    what the loop operator would have made of it and of the carries is recorded."""
+    reason = _pending.pop(id(loop), None)
+    if reason is not None:
+        if not isinstance(condition, torch.Tensor) and not (condition is True and loop.stops):
+            reason = _not_a_tensor(condition)
+        _record(loop, not reason, reason)
+    return condition
+
+
+def _not_a_tensor(condition: Any) -> str:
+    return f"its condition is a {type(condition).__name__}, not a tensor: it counts in Python"
 
 
 def _while_loop(
