@@ -270,6 +270,27 @@ def test_strict_refuses_a_time_loop_that_runs_as_python() -> None:
         module(torch.randn(3, 2, 3))
 
 
+def test_strict_refuses_a_while_whose_carry_is_no_tensor_though_it_runs_as_written() -> None:
+    def counted(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        steps = 0
+        while x.sum() > 1:
+            x = x * 0.5
+            steps += 1
+        return x, steps
+
+    x = torch.full((3,), 4.0)
+    with pytest.raises(TypeError, match="runs as Python: `steps` is an int before the loop"):
+        torchscan.autoloop(counted, strict=True)(x)
+    lenient = torchscan.autoloop(counted)
+    got, want = lenient(x), counted(x)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    assert got[1] == want[1] == 4
+    (row,) = torchscan.autoloop_report(lenient)
+    assert not row.converted
+    assert row.reason.startswith("`steps` is an int before the loop")
+    assert "as_written" in torchscan.autoloop_source(lenient)  # (nothing traces it here)
+
+
 def test_strict_keeps_loops_over_layers() -> None:
     module = torchscan.autoloop(corpus.Layers(), strict=True)
     x = torch.randn(4, 2, 3)
@@ -492,7 +513,7 @@ def test_a_range_bound_before_the_loop_converts_where_only_the_loop_reads_it() -
     kept = torchscan.autoloop(read_again)
     got, want = kept(x), read_again(x)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
-    assert got[1] == want[1] == 6
+    assert got[1] == want[1] == 4
     (row,) = torchscan.autoloop_report(kept)
     assert not row.converted
     assert row.reason == "it iterates over a range, not along a tensor's axis"

@@ -1381,8 +1381,11 @@ def going(loop: Loop, condition: Any) -> Any:
     what the loop operator would have made of it and of the carries is recorded."""
     reason = _pending.pop(id(loop), None)
     if reason is not None:
-        if not isinstance(condition, torch.Tensor) and not (condition is True and loop.stops):
+        is_tensor = isinstance(condition, torch.Tensor)
+        if not is_tensor and not (condition is True and loop.stops):
             reason = _not_a_tensor(condition)
+        if reason and loop.strict and is_tensor:  # as the loop operator would have refused it
+            raise TorchscanTypeError(f"{API}: the loop of {loop.where()} runs as Python: {reason}")
         _record(loop, not reason, reason)
     return condition
 
