@@ -626,3 +626,19 @@ def test_vmap_of_the_converted_module_computes_as_that_of_the_original(name: str
             assert refused
             continue
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", ["elman", "lstm-tuple", "break", "zip", "split-rows"])
+def test_a_hoisted_step_is_traced_once_for_every_length(name: str) -> None:
+    """The step a converted loop hands the scan captures nothing whose shape holds the number
+    of steps: one trace serves every length (each length traced anew would never hoist a model
+    fed sequences of varying lengths)."""
+    program = corpus.PROGRAMS[name]
+    _, converted = pair(name)
+    _hoist.clear()
+    before = _hoist.traces
+    for n in (3, 4, 5, 6, 7):
+        for _ in range(_hoist.TRACE_AT_CALL):
+            converted(*program.inputs(n))
+        assert _hoist.last.what == "hoisted", (n, _hoist.last.reason)
+    assert _hoist.traces - before == 1

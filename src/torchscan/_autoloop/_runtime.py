@@ -992,16 +992,22 @@ def _scan(
         if keep
     }
 
+    # what the step reads of the plan: numbers and flags, no tensor whose shape holds the number
+    # of steps (a hoisted step's signature would then hold it, and each length be traced anew)
+    n_sequences, n_slices = len(plan.sequences), len(slices)
+    enumerated_slices = bool(slices) and plan.index is None
+    indexed = slices if shape == "index" and slices and not sliced else ()  # (range steps of 2)
+
     def step(c: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[Any, Any]:
         if kept_axes:
             x = tuple(v.unsqueeze(kept_axes[k]) if k in kept_axes else v for k, v in enumerate(x))
         if shape == "index":
-            if not slices:
+            if not n_slices:
                 item = x[0]
-            elif sliced:
+            elif not indexed:
                 item = tuple(x)
             else:
-                item = (x[0], *[_index_select(s, a, x[0]) for s, a in slices])
+                item = (x[0], *[_index_select(s, a, x[0]) for s, a in indexed])
         elif shape == "item":
             item = x[-1]
         elif shape == "tuple":
@@ -1009,9 +1015,9 @@ def _scan(
         elif shape == "enumerate":
             item = (x[0], x[1])
         else:  # enumerate of zip
-            item = (x[0], tuple(x[1 : 1 + len(plan.sequences)]))
-        if slices and plan.index is None:  # enumerate's: the rows at its count after the item
-            item = (item, *x[len(x) - len(slices) :])
+            item = (x[0], tuple(x[1 : 1 + n_sequences]))
+        if enumerated_slices:  # enumerate's: the rows at its count after the item
+            item = (item, *x[len(x) - n_slices :])
         return body(item, c, True)
 
     step = _standing_for(step, body, loop)
