@@ -628,7 +628,7 @@ def test_vmap_of_the_converted_module_computes_as_that_of_the_original(name: str
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("name", ["elman", "lstm-tuple", "break", "zip", "split-rows"])
+@pytest.mark.parametrize("name", ["elman", "lstm-tuple", "break", "zip", "split-rows", "buffer"])
 def test_a_hoisted_step_is_traced_once_for_every_length(name: str) -> None:
     """The step a converted loop hands the scan captures nothing whose shape holds the number
     of steps: one trace serves every length (each length traced anew would never hoist a model

@@ -384,7 +384,9 @@ class _Loops(ast.NodeTransformer):
             if write is not None:
                 assert isinstance(node, ast.For)
                 assert isinstance(node.target, ast.Name)
-                body.append(_buffer_write(write, node.target.id, written))
+                body.append(
+                    _buffer_write(write, node.target.id, written, f"__autoloop_bufs_{index}")
+                )
                 continue
             name = next((n for n in info.lists if appended[n] is stmt), None)
             if name is None:
@@ -424,6 +426,10 @@ class _Loops(ast.NodeTransformer):
         function = _function(body_name, params, body)
         if info.tests:
             function.args.defaults = [ast.Constant(None)]
+        if outputs:  # the buffers written as outputs, which the step reads through a list
+            holder = ast.List([_name(b.name) for b in outputs], ast.Load())
+            made = ast.Assign([_name(f"__autoloop_bufs_{index}", ast.Store())], holder)
+            out.append(ast.copy_location(made, node))
         out.append(ast.copy_location(function, node))
         initial = []
         for k, name in enumerate(info.carries):
@@ -480,6 +486,8 @@ class _Loops(ast.NodeTransformer):
                 for b in info.buffers
             ]
             call.keywords.append(ast.keyword("buffers", ast.Tuple(described, ast.Load())))
+            if outputs:
+                call.keywords.append(ast.keyword("holder", _name(f"__autoloop_bufs_{index}")))
         if info.tests:
             ops = ast.Tuple([ast.Constant(t.op) for t in info.tests], ast.Load())
             tested = ast.Tuple([ops, _name(f"__autoloop_tests_{index}")], ast.Load())
@@ -523,7 +531,9 @@ class _Loops(ast.NodeTransformer):
         return out
 
 
-def _buffer_write(write: _analysis.BufferWrite, index: str, written: dict[str, str]) -> ast.stmt:
+def _buffer_write(
+    write: _analysis.BufferWrite, index: str, written: dict[str, str], holder: str
+) -> ast.stmt:
     """A write into a buffer at the step number, in the step: where the buffer is carried,
     ``name = put(name, axis, t, value, scanning[, op])`` (in place as Python runs it, a new
     tensor in a scan); else ``y = write(name, axis, t, value, scanning)``: in a scan, the value
@@ -539,7 +549,8 @@ def _buffer_write(write: _analysis.BufferWrite, index: str, written: dict[str, s
         put = ast.Call(_runtime_attr("put"), args, rest)
         return ast.copy_location(ast.Assign([_name(write.name, ast.Store())], put), stmt)
     y = written[write.name]
-    args = [_name(write.name), ast.Constant(write.axis), _name(index), value, _name(_SCANNING)]
+    held = ast.Subscript(_name(holder), ast.Constant(list(written).index(write.name)), ast.Load())
+    args = [held, ast.Constant(write.axis), _name(index), value, _name(_SCANNING)]
     call = ast.Call(_runtime_attr("write"), args, rest)
     return ast.copy_location(ast.Assign([_name(y, ast.Store())], call), stmt)
 

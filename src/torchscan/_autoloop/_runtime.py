@@ -12,6 +12,7 @@ original loop) unless the value is a time axis (a range over a tensor's size, a 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -727,6 +728,7 @@ def for_(
     inplace: tuple[int, ...] = (),
     tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]] | None = None,
     front: tuple[int, ...] = (),
+    holder: list[Any] | None = None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Run one converted ``for`` statement: as a scan where ``iterable`` is a time axis and the
     carries are tensors, else as the Python loop. ``slices``: the ``(sequence, axis)`` the body
@@ -738,7 +740,7 @@ def for_(
     the lists it inserts at the front of (``outs.insert(0, y)``). Returns the carries after the
     loop and the lists."""
     carry, made = _for(
-        loop, iterable, body, carry, _fronts(lists, front), slices, buffers, inplace, tests
+        loop, iterable, body, carry, _fronts(lists, front), slices, buffers, inplace, tests, holder
     )
     return carry, _unfronted(made)
 
@@ -753,6 +755,7 @@ def _for(
     buffers: tuple[tuple[Any, ...], ...],
     inplace: tuple[int, ...],
     tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]] | None,
+    holder: list[Any] | None = None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     slices = tuple(
         (s.sequence(), s.axis) if isinstance(s, Rows) and a == 0 and not _one_empty(s) else (s, a)
@@ -765,8 +768,8 @@ def _for(
                 raise _Fallback(f"it writes into `{name}`, a {type(buffer).__name__}, not a tensor")
         buffers += _inplace_buffers(loop, carry, inplace)
         if tests is not None and plan.index is not None:
-            return _scan_with_tests(loop, plan, body, carry, lists, slices, buffers, tests)
-        return _scan(loop, plan, iterable, body, carry, lists, slices, buffers)
+            return _scan_with_tests(loop, plan, body, carry, lists, slices, buffers, tests, holder)
+        return _scan(loop, plan, iterable, body, carry, lists, slices, buffers, holder)
     except _Fallback as reason:
         if loop.strict and plan_is_time(iterable, loop):
             if reason.error is not None:
@@ -952,6 +955,7 @@ def _scan(
     lists: tuple[list[Any], ...],
     slices: tuple[tuple[Any, int], ...],
     buffers: tuple[tuple[Any, ...], ...] = (),
+    holder: list[Any] | None = None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     from torchscan._scan import scan
 
@@ -1039,7 +1043,8 @@ def _scan(
         torch._check(n > 0, lambda: message)  # (a string: TorchDynamo takes it as it is)
         first_index = n - 1 if reverse else 0
         x0 = tuple(t.select(a, first_index) for t, a in builtins.zip(xs, in_axes, strict=True))
-        carry, first_ys = step(carry, x0)[:2]
+        with _templates(holder, buffers):
+            carry, first_ys = step(carry, x0)[:2]
         first = first_ys
         xs = [
             t.narrow(a, 0 if reverse else 1, n - 1)
@@ -1060,7 +1065,8 @@ def _scan(
             return _python(rest, body, carry, lists)
     try:
         options: dict[str, Any] = {"in_reverse": True} if reverse else {}  # in step order
-        new, ys = scan(step, carry, tuple(xs), in_axes=tuple(in_axes), **options)
+        with _templates(holder, buffers):
+            new, ys = scan(step, carry, tuple(xs), in_axes=tuple(in_axes), **options)
     except Exception as error:
         _failed(error, "scan")
     if first is not None:
@@ -1072,6 +1078,29 @@ def _scan(
     return new, _lists(loop, ys, lists)
 
 
+@contextlib.contextmanager
+def _templates(holder: list[Any] | None, buffers: tuple[tuple[Any, ...], ...]) -> Iterator[None]:
+    """While a scan runs the step, the tensors of ``holder`` (those the step writes into, by
+    :func:`write`) as templates: of their dtype and device, their axis of steps of size 1. In a
+    scan the step reads only that of them, and what it captures then holds no number of steps:
+    one hoisted form serves every length. As Python runs the step, the tensors themselves."""
+    if not holder:
+        yield
+        return
+    tensors = list(holder)
+    axes = [axis for _, _, axis, position, *_ in buffers if position == -1]
+    holder[:] = [
+        t.new_empty((*t.shape[:axis], 1, *t.shape[axis + 1 :]))
+        if isinstance(t, torch.Tensor)
+        else t
+        for t, axis in builtins.zip(tensors, axes, strict=True)
+    ]
+    try:
+        yield
+    finally:
+        holder[:] = tensors
+
+
 def _scan_with_tests(
     loop: Loop,
     plan: _Plan,
@@ -1081,6 +1110,7 @@ def _scan_with_tests(
     slices: tuple[tuple[Any, int], ...],
     buffers: tuple[tuple[Any, ...], ...],
     tests: tuple[tuple[str, ...], Callable[[], tuple[Any, ...]]],
+    holder: list[Any] | None = None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """A loop whose body tests the step number (``if t == 0:``): its first and last steps run
     as Python, with the step number a number, and the scan runs the others, where each test has
@@ -1146,6 +1176,7 @@ def _scan_with_tests(
             lists,
             slices,
             buffers,
+            holder,
         )
     except _Fallback as reason:  # the other steps as Python runs them
         if loop.strict:
