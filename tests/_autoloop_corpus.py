@@ -667,6 +667,26 @@ class BufferSeenBetweenRuns(nn.Module):
         return out
 
 
+class OutArgument(nn.Module):
+    """torch functions writing a step's results with out= into buffers made before the loop,
+    under no_grad (out= takes no part in autograd)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.RNNCell(F, H)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.zeros(x.shape[1], H)
+        hs = x.new_empty(x.shape[0], x.shape[1], H)
+        norms = torch.zeros(x.shape[1], x.shape[0])
+        with torch.no_grad():
+            for t in range(x.shape[0]):
+                h = self.cell(x[t], h)
+                torch.tanh(h, out=hs[t])
+                torch.linalg.vector_norm(h, dim=-1, out=norms[:, t])
+        return hs, norms
+
+
 class Attribute(nn.Module):
     """state kept on the module."""
 
@@ -742,6 +762,7 @@ PROGRAMS: dict[str, Program] = {
     "buffer-seen-between-runs": Program(
         BufferSeenBetweenRuns, lambda n: (_x(n),), False, "writes into `out` at an index"
     ),
+    "out-argument": Program(OutArgument, lambda n: (_x(n),), differentiable=False),
     "item-tolerance": Program(ItemTolerance, lambda n: (_x(n),)),
     "int-item-break": Program(
         IntItem,

@@ -642,3 +642,35 @@ def test_a_hoisted_step_is_traced_once_for_every_length(name: str) -> None:
             converted(*program.inputs(n))
         assert _hoist.last.what == "hoisted", (n, _hoist.last.reason)
     assert _hoist.traces - before == 1
+
+
+def test_out_is_refused_alike_where_autograd_records_or_the_result_does_not_fit() -> None:
+    def scaled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.shape)
+        for t in range(x.shape[0]):
+            torch.mul(x[t], w, out=out[t])
+        return out
+
+    def norms(x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
+        for t in range(x.shape[0]):
+            torch.linalg.vector_norm(x[t], dim=-1, out=out[t])  # a float result, a double out
+        return out
+
+    x, w = torch.randn(4, 2, 3), torch.ones(3, requires_grad=True)
+    for fn, inputs in ((scaled, (x, w)), (norms, (x,))):
+        with pytest.raises(RuntimeError) as original:
+            fn(*inputs)
+        converted = torchscan.autoloop(fn)
+        for _ in range(_hoist.TRACE_AT_CALL):
+            with pytest.raises(RuntimeError, match=re.escape(str(original.value))):
+                converted(*inputs)
+        (row,) = torchscan.autoloop_report(converted)
+        assert not row.converted
+        assert "out=" in row.reason
+    converted = torchscan.autoloop(scaled)
+    with torch.no_grad():  # where torch takes it: the scan's result
+        want = scaled(x, w)
+        for _ in range(_hoist.TRACE_AT_CALL):
+            torch.testing.assert_close(converted(x, w), want, rtol=0, atol=0)
+        assert [r.converted for r in torchscan.autoloop_report(converted)] == [True]

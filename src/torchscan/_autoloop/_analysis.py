@@ -565,6 +565,8 @@ def buffer_writes(
             target = stmt.targets[0]
         elif isinstance(stmt, ast.AugAssign):
             target = stmt.target
+        elif out_call(stmt) is not None:
+            target = out_call(stmt)[1]  # type: ignore[index]
         key = _store_key(target, index, assigned) if target is not None else None
         if key is not None:
             keys.setdefault(key[0], []).append((stmt, key[1], key[2]))
@@ -576,11 +578,40 @@ def buffer_writes(
             continue
         stmt, axis, rest = writes[0]
         others = [s for s in body if s is not stmt]
-        assert isinstance(stmt, (ast.Assign, ast.AugAssign))
-        reads = name in names_loaded(others) or name in names_loaded([stmt.value])
+        called = out_call(stmt)
+        if called is not None:  # torch.f(..., out=name[t]): what the call reads besides
+            call = called[0]
+            value: list[ast.AST] = [*call.args, *(k.value for k in call.keywords if k.arg != "out")]
+        else:
+            assert isinstance(stmt, (ast.Assign, ast.AugAssign))
+            value = [stmt.value]
+        reads = name in names_loaded(others) or name in names_loaded(value)
         carried = reads or isinstance(stmt, ast.AugAssign)
+        if called is not None and carried:
+            continue  # (into a tensor the step reads: as written)
         found.append(BufferWrite(name, axis, stmt, carried, rest))
     return found
+
+
+def out_call(stmt: ast.stmt) -> tuple[ast.Call, ast.Subscript] | None:
+    """``(call, target)`` where ``stmt`` is ``torch.f(..., out=name[...])`` as a statement, its
+    arguments written out (no ``*args`` or ``**kwargs``)."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return None
+    call = stmt.value
+    func = call.func
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    if not (isinstance(func, ast.Name) and func.id == "torch" and call.func is not func):
+        return None
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(
+        k.arg is None for k in call.keywords
+    ):
+        return None
+    outs = [k.value for k in call.keywords if k.arg == "out"]
+    if len(outs) != 1 or not isinstance(outs[0], ast.Subscript):
+        return None
+    return call, outs[0]
 
 
 def augmented_only(body: Sequence[ast.stmt], names: Iterable[str]) -> set[str]:

@@ -539,9 +539,26 @@ def _buffer_write(
     tensor in a scan); else ``y = write(name, axis, t, value, scanning)``: in a scan, the value
     for the slot as the step's output; as Python runs it, the write as written."""
     stmt = write.stmt
+    rest = [ast.keyword("rest", _index_value(write.rest))] if write.rest else []
+    called = _analysis.out_call(stmt)
+    if called is not None:  # torch.f(..., out=buffer[t]): as written, or the result in a scan
+        call = called[0]
+        others = [k for k in call.keywords if k.arg != "out"]
+        position = ast.Constant(list(written).index(write.name))
+        args = [
+            ast.Subscript(_name(holder), position, ast.Load()),
+            ast.Constant(write.axis),
+            _name(index),
+            call.func,
+            ast.Tuple(call.args, ast.Load()),
+            ast.Dict([ast.Constant(k.arg) for k in others], [k.value for k in others]),
+            _name(_SCANNING),
+        ]
+        made = ast.Call(_runtime_attr("write_out"), args, rest)
+        target = _name(written[write.name], ast.Store())
+        return ast.copy_location(ast.Assign([target], made), stmt)
     assert isinstance(stmt, (ast.Assign, ast.AugAssign))
     value = stmt.value
-    rest = [ast.keyword("rest", _index_value(write.rest))] if write.rest else []
     if write.carried:
         args = [_name(write.name), ast.Constant(write.axis), _name(index), value, _name(_SCANNING)]
         if isinstance(stmt, ast.AugAssign):

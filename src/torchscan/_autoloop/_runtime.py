@@ -506,6 +506,46 @@ def write(
     return None
 
 
+def write_out(
+    buffer: Any,
+    axis: int,
+    index: Any,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    scanning: bool,
+    rest: tuple[Any, ...] = (),
+) -> Any:
+    """``fn(*args, **kwargs, out=buffer[:, ..., index, *rest])``: as Python runs it, that call
+    (returning None); in a scan, the result for the slot, the scan's output, where it fits the
+    slot as ``out=`` takes it (its shape, a dtype that casts to the buffer's), else the loop
+    runs as Python, where ``out=`` does what it does (casts, or refuses, as each operator
+    decides)."""
+    if not scanning:
+        fn(*args, **kwargs, out=buffer[_key(axis, index, rest)])
+        return None
+    differentiated = torch.is_grad_enabled() and any(
+        isinstance(leaf, torch.Tensor) and leaf.requires_grad
+        for leaf in pytree.tree_leaves((args, kwargs))
+    )  # (out= refuses autograd)
+    value = fn(*args, **kwargs)
+    if not differentiated and isinstance(buffer, torch.Tensor) and isinstance(value, torch.Tensor):
+        slots = _slots(buffer, axis, rest)
+        shape = slots.shape[:axis] + slots.shape[axis + 1 :]
+        if tuple(value.shape) == tuple(shape) and value.dtype == buffer.dtype:
+            return slot(buffer, axis, value, rest)
+    name = getattr(fn, "__name__", fn)
+    if differentiated:
+        raise TorchscanTypeError(
+            f"{API}: {name}(..., out=...) while autograd records, with an argument that "
+            "requires grad: torch refuses out= there (run it under torch.no_grad())"
+        )
+    raise TorchscanTypeError(
+        f"{API}: the result of {name}(..., out=...) is not of the slot's shape and dtype: "
+        "the loop runs as written (where out= casts, resizes or refuses as torch decides)"
+    )
+
+
 def _wrapped(index: torch.Tensor, size: Any) -> torch.Tensor:
     """``index`` with a negative value counted from the end, as Python's indexing does."""
     return torch.where(index < 0, index + size, index)
