@@ -518,7 +518,7 @@ class _Loops(ast.NodeTransformer):
         if held:  # a scan that stopped at a `break`: the kept carries as they were at its test
             kept_names = _kept_at_stop(node, info)
             select = ast.Call(
-                _runtime_attr("select"),
+                _runtime_attr("chosen"),
                 [_name(held[-1]), _tuple(held[:-1], ast.Load()), _tuple(kept_names, ast.Load())],
                 [],
             )

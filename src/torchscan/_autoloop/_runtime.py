@@ -728,6 +728,15 @@ def unstopped(*kept: Any) -> Any:
     return torch.zeros((), dtype=torch.bool)
 
 
+def chosen(flag: Any, before: tuple[Any, ...], after: tuple[Any, ...]) -> Any:
+    """After a scan that may have stopped at a ``break``, the carries kept at the test
+    (``before``) where the last step stopped (``flag``), else ``after``: read as a bool where
+    nothing traces the call (the loop read it at every step), else :func:`select`."""
+    if _compat.untraced() and isinstance(flag, torch.Tensor):
+        return before if builtins.bool(flag) else after
+    return select(flag, before, after)
+
+
 def until_(flag: Any, scanning: bool, loop: Loop | None = None, line: int = 0) -> Any:
     """The step's stop flag in a scan; as Python runs it, None (the step did not stop).
     ``loop`` and ``line``: the loop and the line of its ``if condition: break``."""
