@@ -1171,8 +1171,12 @@ def _generate_loop(
     lines.append("    ran = 0")
     lines.append("    for t in order:")
     lines.append("        ran += 1")
-    for i in range(len(columns)):
-        lines.append(f"        s_{i} = column_{i}[t]")
+    read = {a for n in nodes for a in n.all_input_nodes} | {
+        v for v in (*carry_out, *y_out, stop) if isinstance(v, torch.fx.Node)
+    }
+    for i, node in enumerate(columns):
+        if node in read:  # (a column nothing reads, a step number the body ignores: not taken)
+            lines.append(f"        s_{i} = column_{i}[t]")
     for node in nodes:
         source.operation(node, True, "        ")
     for i, node in enumerate(y_out):  # before the carry changes: y may be the old carry
