@@ -36,3 +36,13 @@ DEVICES = ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
 def device(request) -> str:
     """Every real device this machine has: the CPU, and a GPU where there is one."""
     return request.param
+
+
+@pytest.fixture
+def every_loop_scanned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Converted loops scanned at every length, as something tracing them has them: eagerly,
+    those of fewer steps than ``_runtime.AS_WRITTEN_BELOW`` run as written
+    (tests/test_autoloop.py tests that)."""
+    from torchscan._autoloop import _runtime
+
+    monkeypatch.setattr(_runtime, "AS_WRITTEN_BELOW", 0)

@@ -17,10 +17,14 @@ from torch.utils.checkpoint import checkpoint
 
 import torchscan
 from torchscan import _autoloop, _hoist
+from torchscan._autoloop import _runtime
 
 from . import _autoloop_corpus as corpus
 from ._export import onnx_export
 from .onnx._runtimes import run_onnxruntime
+
+# (the short loops of these tests scanned, as a trace has them: the path under test)
+pytestmark = pytest.mark.usefixtures("every_loop_scanned")
 
 NAMES = list(corpus.PROGRAMS)
 CONVERTING = [n for n in NAMES if corpus.PROGRAMS[n].converts]
@@ -91,6 +95,62 @@ def test_the_converted_module_computes_as_the_original(name: str, n: int) -> Non
     else:
         assert not time_loops, report
         assert any(program.reason in r.reason for r in report), report
+
+
+def _rows(module: object) -> list[tuple[int, bool, str]]:
+    report = torchscan.autoloop_report(module)
+    if module is not corpus.DECAY:
+        report += torchscan.autoloop_report(corpus.DECAY)
+    return [(r.lineno, r.converted, r.reason) for r in report]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_short_loop_runs_as_written_and_is_reported_as_its_scan(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eagerly, with nothing tracing it, a converted loop of fewer steps than
+    AS_WRITTEN_BELOW runs as written: no scan or loop operator runs, the results and gradients
+    are the original's exactly, and the report says what the scan of the same call says."""
+    program = corpus.PROGRAMS[name]
+    original, converted = pair(name)
+    inputs = program.inputs(5)
+    run(converted, inputs)  # scanned (the fixture's threshold)
+    scanned = _rows(converted)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a scan ran")
+
+    monkeypatch.setattr(_runtime, "AS_WRITTEN_BELOW", 10**6)  # (a fixed point's 40 steps too)
+    monkeypatch.setattr(torchscan._scan, "scan", refused)
+    monkeypatch.setattr(torchscan._loop, "loop", refused)
+    converted.load_state_dict(original.state_dict())  # (a loop may change a buffer in place)
+    want = run(original, tuple(i.clone() for i in inputs))
+    got = run(converted, tuple(i.clone() for i in inputs))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert _rows(converted) == scanned
+    if program.differentiable:
+        leaves = tuple(i.clone().requires_grad_() for i in inputs if i.is_floating_point())
+        got_grads = _grads(converted, leaves, inputs)
+        for g, w in zip(got_grads, _grads(original, leaves, inputs), strict=True):
+            if w is None:
+                assert g is None
+            else:
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+AS_WRITTEN_BELOW = _runtime.AS_WRITTEN_BELOW  # (as the package sets it: the fixture sets 0)
+
+
+def test_a_loop_is_scanned_from_as_written_below_steps_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_runtime, "AS_WRITTEN_BELOW", AS_WRITTEN_BELOW)
+    original, converted = pair("elman")
+    for n, scanned in ((AS_WRITTEN_BELOW - 1, False), (AS_WRITTEN_BELOW, True)):
+        (x,) = corpus.PROGRAMS["elman"].inputs(n)
+        for _ in range(_hoist.TRACE_AT_CALL):
+            _hoist.last.what = ""
+            torch.testing.assert_close(converted(x), original(x))
+        assert (_hoist.last.what == "hoisted") == scanned, (n, _hoist.last)
+        assert [r.converted for r in torchscan.autoloop_report(converted)] == [True]
 
 
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
@@ -289,6 +349,30 @@ def test_strict_refuses_a_while_whose_carry_is_no_tensor_though_it_runs_as_writt
     assert not row.converted
     assert row.reason.startswith("`steps` is an int before the loop")
     assert "as_written" in torchscan.autoloop_source(lenient)  # (nothing traces it here)
+
+
+def test_the_report_of_a_while_run_as_written_follows_each_run() -> None:
+    def halve(x, limit):
+        while x > limit:
+            x = x * 0.5
+        return x
+
+    converted = torchscan.autoloop(halve)
+    x = torch.tensor(4.0)
+
+    def run(start, limit):
+        got, want = converted(start, limit), halve(start, limit)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        (row,) = torchscan.autoloop_report(converted)
+        return row
+
+    assert run(x, 1.0).converted
+    assert run(x, 1.0).converted  # (the second run of a known loop records nothing anew)
+    row = run(4.0, 1.0)  # a Python float: the condition is a bool
+    assert not row.converted
+    assert row.reason == "its condition is a bool, not a tensor: it counts in Python"
+    assert run(x, 1.0).converted
+    assert run(x, 100.0).converted  # (no step at all)
 
 
 def test_strict_keeps_loops_over_layers() -> None:

@@ -24,6 +24,8 @@ from .onnx._runtimes import run_onnxruntime
 # torch's own warnings while it exports nn.GRU and nn.LSTM modules (a deprecation in its
 # internals, how they keep their weights, a strategy it tries and drops)
 pytestmark = [
+    # (the short loops of these tests scanned, as a trace has them: the path under test)
+    pytest.mark.usefixtures("every_loop_scanned"),
     pytest.mark.filterwarnings("ignore:_check_is_size will be removed:FutureWarning"),
     pytest.mark.filterwarnings("ignore:The tensor attributes .* were assigned during export"),
     pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf"),

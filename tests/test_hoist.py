@@ -275,22 +275,81 @@ CHANGES = {
 
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_every_change_of_what_a_step_reads_is_seen_at_the_next_call(change, monkeypatch):
-    """The signature of a step object is read again only where something it read changed:
-    any change between two calls is seen at the next one."""
+    """The walk of a module a step reads (kept from call to call) is read again only where
+    something it read changed: any change between two calls is seen at the next one."""
     monkeypatch.setattr(sys.modules[__name__], "SHIFT", 0.0)
     model = _Stateful()
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     (got, what, reason) = run_until_traced(model, h, xs)
     assert what == "hoisted", reason
     close(got, scan_loop(model, h, xs))
-    _, walk = _hoist.signature(model, ())
-    assert _hoist.signature(model, ())[1] is walk  # read once while nothing changes
+
+    def kept_walk() -> object:
+        _hoist.signature(model, ())
+        return _hoist._module_walks[id(model)][2]
+
+    walk = kept_walk()
+    assert kept_walk() is walk  # read once while nothing changes
     CHANGES[change](model)
     # values are read at every call, never part of a signature
     read_again = change != "a parameter's values changed in place"
-    assert (_hoist.signature(model, ())[1] is not walk) == read_again
+    assert (kept_walk() is not walk) == read_again
     for _ in range(_hoist.TRACE_AT_CALL):
         close(torchscan.scan(model, h, xs), scan_loop(model, h, xs))
+
+
+def test_a_step_made_at_every_call_is_not_kept_with_what_it_captures():
+    """A closure made at every call (as a converted loop's step is) is read at every call,
+    and nothing it captured outlives the call: not the tensors of the call before."""
+    import gc
+    import weakref
+
+    lin = torch.nn.Linear(H, H)
+    h = torch.randn(B, H)
+    freed = []
+    for _ in range(_hoist.TRACE_AT_CALL + 2):
+        captured, xs = torch.randn(B, H), torch.randn(T, B, H)
+
+        def step(h, x, captured=captured):
+            return torch.tanh(lin(x) + h + captured), h
+
+        close(torchscan.scan(step, h, xs), scan_loop(step, h, xs))
+        freed.append(weakref.ref(captured))
+        del captured, step
+    assert _hoist.last.what == "hoisted", _hoist.last.reason
+    gc.collect()
+    assert [ref() for ref in freed] == [None] * len(freed)
+
+
+def test_a_module_that_holds_its_owner_is_read_and_its_changes_seen():
+    """A module reached from itself (a child that holds its parent) is walked once, and a
+    change of the parent it holds is seen at the next call."""
+
+    class Child(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(H, H)
+
+        def forward(self, x):
+            return self.lin(x) * self.owner[0].scale
+
+    class Parent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.child = Child()
+            self.child.owner = [self]  # (a list: no submodule of its own)
+            self.scale = 1.0
+
+        def forward(self, h, x):
+            return torch.tanh(self.child(x) + h), h
+
+    model = Parent()
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    (got, what, reason) = run_until_traced(model, h, xs)
+    assert what == "hoisted", reason
+    close(got, scan_loop(model, h, xs))
+    model.scale = 3.0
+    close(torchscan.scan(model, h, xs), scan_loop(model, h, xs))
 
 
 def test_a_modules_training_flag_is_part_of_its_signature():

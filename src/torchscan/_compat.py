@@ -385,10 +385,17 @@ def untraced() -> bool:
     torch.jit trace, dispatch mode (make_fx's proxies, fake tensors) or torch.func transform."""
     return not (
         torch.compiler.is_compiling()
-        or torch.jit.is_tracing()  # pyright: ignore[reportPrivateImportUsage]
-        or _get_current_dispatch_mode() is not None
-        or torch._C._are_functorch_transforms_active()
+        or _is_tracing()
+        or _dispatch_stack_depth()
+        or _functorch_transforms_active()
     )
+
+
+# (the C functions that torch.jit.is_tracing, _get_current_dispatch_mode and torch.func's
+# transforms read, called at once: untraced() runs before every converted `while`)
+_is_tracing = torch._C._is_tracing  # pyright: ignore[reportAttributeAccessIssue]
+_dispatch_stack_depth = torch._C._len_torch_dispatch_stack  # pyright: ignore[reportAttributeAccessIssue]
+_functorch_transforms_active = torch._C._are_functorch_transforms_active  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def functorch_transforms_active() -> bool:
@@ -681,6 +688,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "torch._C",
         "_are_functorch_transforms_active",
         "leave a step that a torch.func transform runs unhoisted",
+    ),
+    PrivateSymbol("torch._C", "_is_tracing", "run a converted `while` as written when untraced"),
+    PrivateSymbol(
+        "torch._C",
+        "_len_torch_dispatch_stack",
+        "run a converted `while` as written when no dispatch mode traces it",
     ),
     PrivateSymbol(
         _PROXY,

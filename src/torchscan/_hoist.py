@@ -128,11 +128,14 @@ class _Walk:
     """The captured state of a step: a hashable key, the tensors it reaches (in a fixed order),
     and the ids of the containers it reaches (which the step must not change)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reading: bool = False) -> None:
         self.tensors: list[torch.Tensor] = []
         self.containers: set[int] = set()
         self.seen: dict[int, int] = {}
         self.count = 0
+        self.reading = reading
+        """Whether the walk keeps its :attr:`reads`: a module's does (:func:`_module_walk`),
+        to be read again at the next call; a step's, made anew at every call, need not."""
         self.reads: list[tuple[Any, ...]] = []
         """What the key was read from, to tell cheaply whether it is still the same
         (:func:`_unchanged`): every mutable object the walk read, with the identities of what
@@ -141,7 +144,15 @@ class _Walk:
         self.empty: list[Any] = []
         """The empty containers the walk read (a module's hooks, mostly): one read of them all."""
 
+        self.value: Any = None
+        """Of a module's walk (:func:`_module_walk`), its key."""
+        self.memoizable = True
+        """Whether the walk holds nothing of a module whose walk it is part of (a cycle): a
+        module's walk may then be kept, and read again for any walk that reaches the module."""
+
     def _read_dict(self, d: dict[Any, Any]) -> None:
+        if not self.reading:
+            return
         if d:
             self.reads.append((_DICT, d, tuple(d), tuple(d.values())))
         else:
@@ -150,6 +161,8 @@ class _Walk:
     def finish(self) -> None:
         """Add the reads of the tensors (their metadata) and of the empty containers, each
         kind in one, to :attr:`reads`."""
+        if not self.reading:
+            return
         if self.tensors:
             tensors = tuple(self.tensors)
             self.reads.append((_TENSOR, tensors, list(map(_meta, tensors))))
@@ -183,9 +196,11 @@ class _Walk:
         if kind is types.FunctionType:
             return self._function(obj, depth)
         if kind in (tuple, list) or isinstance(obj, tuple):
-            if kind is list and not obj:
+            if not self.reading or kind is tuple:
+                pass
+            elif kind is list and not obj:
                 self.empty.append(obj)
-            elif kind is not tuple:
+            else:
                 self.reads.append((_ITEMS, obj, kind, tuple(obj)))
             if kind is list:
                 self.containers.add(id(obj))
@@ -199,7 +214,8 @@ class _Walk:
             )
         if isinstance(obj, (set, frozenset)):
             self.containers.add(id(obj))
-            self.reads.append((_ITEMS, obj, kind, tuple(obj)))
+            if self.reading:
+                self.reads.append((_ITEMS, obj, kind, tuple(obj)))
             return (kind, frozenset(self.key(item, depth + 1) for item in obj))
         if isinstance(obj, torch.nn.Module):
             return self._module(obj, depth)
@@ -208,7 +224,8 @@ class _Walk:
         if isinstance(obj, types.MethodType):
             return ("method", self.key(obj.__func__, depth + 1), self.key(obj.__self__, depth + 1))
         if isinstance(obj, functools.partial):
-            self.reads.append((_ATTRIBUTES, obj, ("func", "args", "keywords"), _PARTIAL(obj)))
+            if self.reading:
+                self.reads.append((_ATTRIBUTES, obj, ("func", "args", "keywords"), _PARTIAL(obj)))
             return (
                 "partial",
                 self.key(obj.func, depth + 1),
@@ -224,7 +241,8 @@ class _Walk:
         state = getattr(obj, "__dict__", None)
         if isinstance(state, dict) and not hasattr(type(obj), "__slots__"):
             self.containers.add(id(state))
-            self.reads.append((_TYPE, obj, kind))
+            if self.reading:
+                self.reads.append((_TYPE, obj, kind))
             self._read_dict(state)
             return (
                 "object",
@@ -234,19 +252,37 @@ class _Walk:
         raise _NotHoistable(f"captures a {kind.__name__}, whose state is not known")
 
     def _module(self, module: torch.nn.Module, depth: int) -> Any:
+        """A module by what its ``forward`` can read (:func:`_module_walk`), its walk joined to
+        this one: its tensors after those read so far, its reads and containers with these."""
+        _MODULE_TYPES.add(type(module))
+        sub = _module_walk(module, depth)
+        if sub is None:  # a module that holds one whose walk this is part of
+            self.memoizable = False
+            return ("enclosing module", _Identity(module))
+        self.memoizable &= sub.memoizable
+        self.count += sub.count
+        if self.count > _WALK_LIMIT:
+            raise _NotHoistable("captures too much to read at every call")
+        self.tensors.extend(sub.tensors)
+        self.containers |= sub.containers
+        if self.reading:
+            self.reads.append((_TYPE, module, type(module)))
+            self.reads.extend(sub.reads)
+        return sub.value
+
+    def module_items(self, module: torch.nn.Module, depth: int) -> Any:
         """A module by what its ``forward`` can read: its parameters, buffers, submodules, the
         hooks it runs and its other attributes (``training`` among them); not the hooks of
         ``state_dict`` and ``load_state_dict``."""
-        _MODULE_TYPES.add(type(module))
         self.containers.add(id(module.__dict__))
-        self.reads.append((_TYPE, module, type(module)))
         self._read_dict(module.__dict__)
         items = []
         for name, value in module.__dict__.items():
             if name in _MODULE_UNREAD:
                 continue
             if name in _MODULE_HOOKS and not value:
-                self.empty.append(value)  # until a hook is added
+                if self.reading:
+                    self.empty.append(value)  # until a hook is added
                 continue
             if name in ("_parameters", "_buffers", "_modules"):
                 self.containers.add(id(value))
@@ -270,10 +306,11 @@ class _Walk:
         code = fn.__code__
         names = _global_names(code)
         space = fn.__globals__
-        self.reads.append((_ATTRIBUTES, fn, _FUNCTION_STATE, _FUNCTION(fn)))
-        self.reads.append((_NAMES, space, names, tuple(space.get(n, _MISSING) for n in names)))
-        for cell in fn.__closure__ or ():
-            self._read_cell(cell)
+        if self.reading:
+            self.reads.append((_ATTRIBUTES, fn, _FUNCTION_STATE, _FUNCTION(fn)))
+            self.reads.append((_NAMES, space, names, tuple(space.get(n, _MISSING) for n in names)))
+            for cell in fn.__closure__ or ():
+                self._read_cell(cell)
         global_keys = tuple(
             (name, self._global(space[name], names, depth)) for name in names if name in space
         )
@@ -302,7 +339,8 @@ class _Walk:
         if not isinstance(value, types.ModuleType):
             return self.key(value, depth + 1)
         space = vars(value)
-        self.reads.append((_NAMES, space, names, tuple(space.get(n, _MISSING) for n in names)))
+        if self.reading:
+            self.reads.append((_NAMES, space, names, tuple(space.get(n, _MISSING) for n in names)))
         return (
             "module",
             value.__name__,
@@ -314,11 +352,14 @@ class _Walk:
         )
 
     def _read_cell(self, cell: types.CellType) -> None:
+        if not self.reading:
+            return
         try:
             contents = cell.cell_contents
         except ValueError:  # an empty cell
             contents = _MISSING
-        self.reads.append((_CELL, cell, contents))
+        if self.reading:
+            self.reads.append((_CELL, cell, contents))
 
 
 _DICT, _ITEMS, _TYPE, _ATTRIBUTES, _NAMES, _CELL, _TENSOR, _EMPTY = range(8)
@@ -372,6 +413,46 @@ def _unchanged(reads: Sequence[tuple[Any, ...]]) -> bool:
             if contents is not read[2]:
                 return False
     return True
+
+
+_module_walks: dict[int, tuple[weakref.ref[torch.nn.Module], type, _Walk]] = {}
+"""The last walk of each living module, kept while what it read is unchanged (the parameters,
+submodules and attributes of a model, read at every call of a step that captures it); an entry
+goes with its module."""
+_walking: set[int] = set()
+"""The ids of the modules whose walks are in progress."""
+
+
+def _module_walk(module: torch.nn.Module, depth: int) -> _Walk | None:
+    """The walk of ``module`` alone (its tensors, reads and ref numbers its own), kept while
+    what it read is unchanged; ``None`` where that walk is in progress (a module reached from
+    itself)."""
+    known = _module_walks.get(id(module))
+    if (
+        known is not None
+        and known[0]() is module
+        and type(module) is known[1]
+        and _unchanged(known[2].reads)
+    ):
+        return known[2]
+    if id(module) in _walking:
+        return None
+    _walking.add(id(module))
+    try:
+        walk = _Walk(reading=True)
+        walk.seen[id(module)] = 0
+        walk.count = 1
+        walk.value = walk.module_items(module, depth)
+        walk.finish()
+    finally:
+        _walking.discard(id(module))
+    if walk.memoizable:
+        if len(_module_walks) >= _CACHE_SIZE:
+            _module_walks.pop(next(iter(_module_walks)))
+        module_id = id(module)
+        ref = weakref.ref(module, lambda _, walks=_module_walks: walks.pop(module_id, None))
+        _module_walks[module_id] = (ref, type(module), walk)
+    return walk
 
 
 class _Key:
@@ -1204,33 +1285,16 @@ def _generate_loop(
 _cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 traces = 0
 """How many steps were traced (for tests: a signature is traced once)."""
-_walks: dict[int, tuple[weakref.ref[Any], _Walk, _Key]] = {}
-"""The last walk of each living step object, reused while what it read is unchanged
-(:func:`_unchanged`); an entry goes with its object."""
-
-
-def _remember_walk(fn: Any, walk: _Walk, key: _Key) -> None:
-    if len(_walks) >= _CACHE_SIZE:
-        _walks.pop(next(iter(_walks)))
-    step_id = id(fn)
-    try:
-        ref = weakref.ref(fn, lambda _, walks=_walks: walks.pop(step_id, None))
-    except TypeError:  # an object without weak references: walked at every call
-        return
-    _walks[step_id] = (ref, walk, key)
 
 
 def signature(fn: Callable[..., Any], arguments: Any) -> tuple[Any, _Walk]:
     """The key of a step's signature (what it captures, its arguments' :func:`signature_arguments`,
-    and the grad mode), and the walk that read it."""
-    known = _walks.get(id(fn))
-    if known is not None and known[0]() is fn and _unchanged(known[1].reads):
-        key, walk = known[2], known[1]
-    else:
-        walk = _Walk()
-        key = _Key(walk.key(fn))
-        walk.finish()
-        _remember_walk(fn, walk, key)
+    and the grad mode), and the walk that read it. The modules it reaches are read again only
+    where they changed (:func:`_module_walk`): a step made anew at every call (a closure, a
+    bound method) is walked quickly."""
+    walk = _Walk()
+    key = _Key(walk.key(fn))
+    walk.finish()
     return (key, arguments, torch.is_grad_enabled()), walk
 
 
@@ -1322,7 +1386,7 @@ def _remember(key: Any, value: Any) -> None:
 def clear() -> None:
     """Forget every traced step."""
     _cache.clear()
-    _walks.clear()
+    _module_walks.clear()
     _outcome("")
 
 

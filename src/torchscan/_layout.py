@@ -28,14 +28,14 @@ def per_leaf(api: str, name: str, prefix: Any, tree: Any, root: str, kind: type)
             f"  * {root} has structure {_pytree.structure_text(_pytree.tree_structure(tree))}\n"
             f"  * {name} has structure {given}"
         ) from None
-    names = _pytree.leaf_names(tree, root)
     checked = []
-    for value, leaf_name in zip(values, names, strict=True):
+    for k, value in enumerate(values):
         if kind is bool:
             ok = isinstance(value, bool)
         else:
             ok = not isinstance(value, bool) and hasattr(value, "__index__")
         if not ok:
+            leaf_name = _pytree.leaf_names(tree, root)[k]  # (named where it is refused alone)
             raise TorchscanTypeError(
                 f"{api}: {name} gives {leaf_name} {_checks.describe(value)}, but it must be "
                 f"{'a bool' if kind is bool else 'an int'}."
@@ -50,18 +50,21 @@ def in_axes(api: str, xs: Any, leaves: Sequence[Any], axis: Any, prefix: Any) ->
     if prefix is None:
         return _checks.scan_axes(api, axis, xs, leaves)
     values = per_leaf(api, "in_axes", prefix, xs, "xs", int)
-    names = _pytree.leaf_names(xs, "xs")
     axes: list[int | None] = []
-    bad: list[str] = []
-    for leaf, value, name in zip(leaves, values, names, strict=True):
+    for leaf, value in zip(leaves, values, strict=True):
         if leaf is None:
             axes.append(None)
         elif -leaf.ndim <= value < leaf.ndim:
             axes.append(value % leaf.ndim)
         else:
             axes.append(None)
-            bad.append(f"in_axes gives it {value}: {_checks.axis_out_of_range(value, name, leaf)}")
-    if bad:
+    if any(a is None and leaf is not None for a, leaf in zip(axes, leaves, strict=True)):
+        names = _pytree.leaf_names(xs, "xs")  # (named where one is refused alone)
+        bad = [
+            f"in_axes gives it {value}: {_checks.axis_out_of_range(value, name, leaf)}"
+            for leaf, value, name, a in zip(leaves, values, names, axes, strict=True)
+            if a is None and leaf is not None
+        ]
         raise TorchscanValueError(
             f"{api}: in_axes does not fit every leaf of xs:{_checks.bullets(bad)}"
         )

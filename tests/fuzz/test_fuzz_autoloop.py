@@ -19,12 +19,16 @@ import linecache
 
 import hypothesis
 import hypothesis.strategies as st
+import pytest
 import torch
 
 import torchscan
 from torchscan import _hoist
 
 from ._check import RUNS
+
+# (the short loops of these tests scanned, as a trace has them: the path under test)
+pytestmark = pytest.mark.usefixtures("every_loop_scanned")
 
 B, F = 2, 3
 CARRIES = ("c0", "c1", "c2")

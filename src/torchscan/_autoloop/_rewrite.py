@@ -289,13 +289,42 @@ class _Loops(ast.NodeTransformer):
             kept = ast.Expr(ast.Call(_runtime_attr("kept"), [record, ast.Constant(None)], []))
             return [ast.fix_missing_locations(ast.copy_location(kept, node)), node]
         self.converted += 1
-        written = copy.deepcopy(node) if isinstance(node, ast.While) else None
-        converted = self._converted(node, info, record, index, held)
-        if written is not None:
+        written = copy.deepcopy(node)
+        iterable = None
+        if isinstance(node, ast.For):  # the iterable read once, by either form of the loop
+            iterable = _name(f"__autoloop_iterable_{index}")
+            made = _iterable(node.iter, info.form, self.shadowed)
+            read = ast.Assign([_name(iterable.id, ast.Store())], made)
+        converted = self._converted(node, info, record, index, held, iterable)
+        if isinstance(written, ast.For):
+            # nothing traces it and it runs fewer steps than a scan batches its work over: as
+            # written, where its carries are tensors (what runs_as_written records); else a scan
+            assert iterable is not None
+            written.iter = _name(iterable.id)
+            carries = []
+            before = [ast.copy_location(read, node)]
+            for k, name in enumerate(info.carries):
+                temp = f"__autoloop_init_{index}_{k}"
+                carries.append(temp)
+                before.append(ast.copy_location(_read_or_undefined(temp, name), node))
+            test = ast.Call(
+                _runtime_attr("runs_as_written"),
+                [record, iterable, _tuple(carries, ast.Load())],
+                [],
+            )
+            converted = [*before, ast.copy_location(ast.If(test, [written], converted), node)]
+        else:
             # nothing traces it: as written (a while has no work to hoist, and torchscan.loop's
             # checks at every step cost it time); else the loop operator
             assert isinstance(written, ast.While)
-            written.test = ast.Call(_runtime_attr("going"), [record, written.test], [])
+            assert isinstance(node, ast.While)
+            # the condition's first value through `going` where as_written says so (to record
+            # the outcome), the others as written
+            first = f"__autoloop_first_{index}"
+            going = ast.Call(_runtime_attr("going"), [record, written.test], [])
+            written.test = ast.IfExp(_name(first), going, copy.deepcopy(written.test))
+            unset = ast.Assign([_name(first, ast.Store())], ast.Constant(False))
+            written.body.insert(0, ast.copy_location(unset, node))
             carries = []
             before: list[ast.stmt] = []
             for k, name in enumerate(info.carries):
@@ -303,7 +332,13 @@ class _Loops(ast.NodeTransformer):
                 carries.append(temp)
                 before.append(ast.copy_location(_read_or_undefined(temp, name), node))
             test = ast.Call(_runtime_attr("as_written"), [record, _tuple(carries, ast.Load())], [])
-            converted = [*before, ast.copy_location(ast.If(test, [written], converted), node)]
+            choose = ast.Assign([_name(first, ast.Store())], test)
+            runs = ast.Compare(_name(first), [ast.IsNot()], [ast.Constant(None)])
+            converted = [
+                *before,
+                ast.copy_location(choose, node),
+                ast.copy_location(ast.If(runs, [written], converted), node),
+            ]
         return [ast.fix_missing_locations(s) for s in converted]
 
     def _converted(
@@ -313,7 +348,10 @@ class _Loops(ast.NodeTransformer):
         record: ast.expr,
         index: int,
         held: tuple[str, ...],
+        iterable: ast.expr | None,
     ) -> list[ast.stmt]:
+        """The loop as a call of the runtime's ``for_`` (``iterable``: the name of what it
+        iterates over) or ``while_``."""
         carries = (*info.carries, *held)
         body_name = f"__autoloop_body_{index}"
         appended = _analysis.appended_lists(node.body)
@@ -455,11 +493,12 @@ class _Loops(ast.NodeTransformer):
                 [],
             )
         else:
+            assert iterable is not None
             call = ast.Call(
                 _runtime_attr("for_"),
                 [
                     record,
-                    _iterable(node.iter, info.form, self.shadowed),
+                    iterable,
                     _name(body_name),
                     _tuple(initial, ast.Load()),
                     _tuple(info.lists, ast.Load()),

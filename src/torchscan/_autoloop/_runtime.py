@@ -76,6 +76,25 @@ def _record(loop: Loop, converted: bool, reason: str) -> None:
     if torch.compiler.is_compiling():
         return  # a run that torch traces records nothing (TorchDynamo would guard on the dict)
     _outcomes[loop] = (converted, reason)
+    key = id(loop)
+    if not converted:
+        _last_scanned.discard(key)
+    elif key not in _last_scanned:
+        _last_scanned.add(key)
+        if key not in _watched:
+            _watched.add(key)
+            weakref.finalize(loop, _forget, key)
+
+
+_last_scanned: set[int] = set()
+"""The ids of the living loops whose last run was recorded as a scan's: one that runs as
+written and would again (:func:`runs_as_written`, :func:`as_written`) records nothing anew."""
+_watched: set[int] = set()
+
+
+def _forget(key: int) -> None:
+    _last_scanned.discard(key)
+    _watched.discard(key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,6 +455,8 @@ def _dim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
 
 def stack(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``torch.stack``, which takes a loop's list as the stacked outputs they are."""
+    if type(tensors) is list:  # (a list as Python made it, at once)
+        return torch.stack(tensors, *args, **kwargs)
     stacked, dim = _stacked(tensors), _dim(args, kwargs)
     if stacked is None or dim is None:
         return torch.stack(tensors, *args, **kwargs)
@@ -446,6 +467,8 @@ def stack(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 def cat(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``torch.cat``, which takes a loop's list as the stacked outputs they are."""
+    if type(tensors) is list:  # (a list as Python made it, at once)
+        return torch.cat(tensors, *args, **kwargs)
     stacked, dim = _stacked(tensors), _dim(args, kwargs)
     if stacked is None or dim is None:
         return torch.cat(tensors, *args, **kwargs)
@@ -1084,6 +1107,8 @@ def _scan(
     if reason is not None and (loop.stops or loop.skips):
         word = "break" if loop.stops else "continue"
         raise _Fallback(f"{reason}, and the loop may `{word}` at its first step")
+    if _runs_as_written(lengths) and not (reason is not None and 0 in lengths):
+        return _as_written(loop, _python_iteration(iterable, slices), body, carry, lists, reason)
     if reason is not None:  # the first step as Python runs it, the others scanned from its carry
         n = xs[0].shape[in_axes[0]]
         if isinstance(n, int) and n == 0:
@@ -1125,6 +1150,86 @@ def _scan(
         ys = ys[: len(lists)]
     _record(loop, True, "")
     return new, _lists(loop, ys, lists)
+
+
+def runs_as_written(loop: Loop, iterable: Any, carry: tuple[Any, ...]) -> bool:
+    """Whether a converted ``for`` runs as written now, over ``iterable`` from the carries
+    ``carry``: nothing traces it (:func:`_compat.untraced`), it
+    runs fewer than :data:`AS_WRITTEN_BELOW` steps, and its carries are tensors. It is then
+    recorded as a scan, which is what it runs as where something traces it or on more steps;
+    else :func:`for_` runs it."""
+    if not _compat.untraced():
+        return False
+    kind = type(iterable)
+    if kind is torch.Tensor:  # (the common forms first, read at once)
+        if not iterable.dim():
+            return False
+        n = iterable.shape[0]
+    elif kind is Range:
+        start, stop, step = iterable.start, iterable.stop, iterable.step
+        if type(start) is not int or type(stop) is not int or type(step) is not int:
+            return False
+        if not iterable.sized and not loop.stops:
+            return False  # (a Python count: for_ says why it stays Python)
+        n = len(builtins.range(start, stop, step))
+    else:
+        try:
+            plan = _time_axis(iterable, loop)
+        except _Fallback:
+            return False
+        if plan.index is not None:
+            return False
+        lengths = {t.shape[a] for t, a in builtins.zip(plan.sequences, plan.axes, strict=True)}
+        if len(lengths) != 1:  # (zipped unequal: for_ says why it stays Python)
+            return False
+        (n,) = lengths
+    if not (isinstance(n, int) and n < AS_WRITTEN_BELOW):
+        return False
+    for value in carry:
+        if type(value) is not torch.Tensor:
+            if _not_a_carry(loop.carries[: len(carry)], carry) is not None:
+                return False
+            break
+    if id(loop) not in _last_scanned:
+        _record(loop, True, "")
+    return True
+
+
+AS_WRITTEN_BELOW = 32
+"""Eagerly, with nothing tracing it, a converted ``for`` of fewer steps runs as written: the
+fixed cost of a scan (reading its step's signature, batching the step's work over the steps) is
+not won back over fewer (``benchmarks/autoloop.py --T 16``)."""
+
+
+def _runs_as_written(lengths: set[int]) -> bool:
+    """Whether a converted loop of ``lengths`` steps (empty: a symbolic number) runs as written
+    now: nothing traces it, and it runs fewer than :data:`AS_WRITTEN_BELOW` steps."""
+    return (
+        bool(lengths)
+        and all(isinstance(n, int) for n in lengths)
+        and max(lengths) < AS_WRITTEN_BELOW
+        and _compat.untraced()
+    )
+
+
+def _as_written(
+    loop: Loop,
+    items: Iterator[Any],
+    body: Callable[..., Any],
+    carry: tuple[Any, ...],
+    lists: tuple[list[Any], ...],
+    reason: str | None,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A converted loop run as written (:func:`_runs_as_written`); recorded as a scan where its
+    carries would have made one, ``reason`` why not before its first step (a state the first
+    step makes, then read after the loop)."""
+    new, made = _python(items, body, carry, lists)
+    if reason is not None:
+        reason = _not_a_carry(loop.carries, new, "after the first step")
+        if reason is not None and loop.strict:
+            raise TorchscanTypeError(f"{API}: the loop of {loop.where()} runs as Python: {reason}")
+    _record(loop, reason is None, reason or "")
+    return new, made
 
 
 @contextlib.contextmanager
@@ -1446,13 +1551,17 @@ def _python_while(
     return carry, lists
 
 
-def as_written(loop: Loop, carry: tuple[Any, ...]) -> bool:
-    """Whether a converted ``while`` runs as written now, its carries ``carry`` before it:
-    nothing traces or transforms it (no torch.export, torch.compile, dispatch mode, torch.jit
-    trace or torch.func transform). Its first :func:`going` records whether it would have run
-    as a loop operator."""
+def as_written(loop: Loop, carry: tuple[Any, ...]) -> bool | None:
+    """Whether a converted ``while`` runs as written now, its carries ``carry`` before it: None
+    where something traces or transforms it (torch.export, torch.compile, a dispatch mode, a
+    torch.jit trace or a torch.func transform), and the loop operator runs it. Else it runs as
+    written, and True where its condition's first value goes through :func:`going`, to record
+    whether the loop operator would have run it: the carries are not plain tensors, or the last
+    run did not record that it would."""
     if not _compat.untraced():
-        return False
+        return None
+    if id(loop) in _last_scanned and all(type(value) is torch.Tensor for value in carry):
+        return False  # (the common case, at once: nothing to record)
     _pending[id(loop)] = _not_a_carry(loop.carries[: len(carry)], carry) or ""
     return True
 
@@ -1463,16 +1572,15 @@ Python, until its condition is first read."""
 
 
 def going(loop: Loop, condition: Any) -> Any:
-    """The condition of a ``while`` run as written, each time Python reads it; the first time,
-    what the loop operator would have made of it and of the carries is recorded."""
-    reason = _pending.pop(id(loop), None)
-    if reason is not None:
-        is_tensor = isinstance(condition, torch.Tensor)
-        if not is_tensor and not (condition is True and loop.stops):
-            reason = _not_a_tensor(condition)
-        if reason and loop.strict and is_tensor:  # as the loop operator would have refused it
-            raise TorchscanTypeError(f"{API}: the loop of {loop.where()} runs as Python: {reason}")
-        _record(loop, not reason, reason)
+    """The first value of the condition of a ``while`` run as written: what the loop operator
+    would have made of it and of the carries is recorded."""
+    reason = _pending.pop(id(loop), "")
+    is_tensor = isinstance(condition, torch.Tensor)
+    if not is_tensor and not (condition is True and loop.stops):
+        reason = _not_a_tensor(condition)
+    if reason and loop.strict and is_tensor:  # as the loop operator would have refused it
+        raise TorchscanTypeError(f"{API}: the loop of {loop.where()} runs as Python: {reason}")
+    _record(loop, not reason, reason)
     return condition
 
 
