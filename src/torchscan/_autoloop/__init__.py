@@ -97,7 +97,9 @@ def autoloop(obj: Any = None, *, strict: bool = False) -> Any:
     (``torch.export``, ``torch.onnx.export``), a converted loop is one loop operator of dynamic
     length; its lists can then only be stacked or concatenated, and a loop that stays Python
     over a dynamic length is refused with a :class:`torchscan.ExportError` rather than
-    unrolled.
+    unrolled. Eagerly, where nothing traces or transforms the call, a converted ``while`` and a
+    converted ``for`` of fewer than 32 steps run as written, where a scan would only add its
+    fixed cost; the report says what they would have run as.
 
     Args:
         obj: a function (returns the converted function), a method, or an ``nn.Module``
