@@ -475,8 +475,9 @@ class _Loops(ast.NodeTransformer):
             initial.append(temp)
             out.append(ast.copy_location(_read_or_undefined(temp, name), node))
         unstopped = f"__autoloop_unstopped_{index}"
+        kept_names = _kept_at_stop(node, info) if held else []
         if held:  # from the values the kept carries start from; not stopped
-            kept_initial = [initial[info.carries.index(n)] for n in _kept_at_stop(node, info)]
+            kept_initial = [initial[info.carries.index(n)] for n in kept_names]
             initial += [*kept_initial, unstopped]
             unstop = ast.Call(_runtime_attr("unstopped"), [_name(n) for n in kept_initial], [])
             out.append(ast.copy_location(ast.Assign([_name(unstopped, ast.Store())], unstop), node))
@@ -555,7 +556,6 @@ class _Loops(ast.NodeTransformer):
             )
         )
         if held:  # a scan that stopped at a `break`: the kept carries as they were at its test
-            kept_names = _kept_at_stop(node, info)
             select = ast.Call(
                 _runtime_attr("chosen"),
                 [_name(held[-1]), _tuple(held[:-1], ast.Load()), _tuple(kept_names, ast.Load())],
