@@ -284,7 +284,12 @@ def test_the_source_shows_the_scan() -> None:
     assert "__autoloop__.stack(outputs)" in source
 
 
-def test_a_traceback_from_the_step_shows_the_users_line() -> None:
+@pytest.mark.parametrize("threshold", [0, AS_WRITTEN_BELOW], ids=["scanned", "as-written"])
+def test_a_traceback_from_the_step_shows_the_users_line(
+    threshold: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_runtime, "AS_WRITTEN_BELOW", threshold)
+
     def broken(x: torch.Tensor) -> torch.Tensor:
         h = torch.zeros(3)
         for x_t in x:
