@@ -105,12 +105,12 @@ def _rows(module: object) -> list[tuple[int, bool, str]]:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_short_loop_runs_as_written_and_is_reported_as_its_scan(
+def test_a_short_loop_runs_as_written_and_leaves_the_report_as_its_scan_left_it(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Eagerly, with nothing tracing it, a converted loop of fewer steps than
     AS_WRITTEN_BELOW runs as written: no scan or loop operator runs, the results and gradients
-    are the original's exactly, and the report says what the scan of the same call says."""
+    are the original's exactly, and the report stays what the scan of the same call said."""
     program = corpus.PROGRAMS[name]
     original, converted = pair(name)
     inputs = program.inputs(5)

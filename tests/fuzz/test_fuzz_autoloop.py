@@ -24,6 +24,7 @@ import torch
 
 import torchscan
 from torchscan import _hoist
+from torchscan._autoloop import _runtime
 
 from ._check import RUNS
 
@@ -201,6 +202,17 @@ def test_converted_loops_compute_as_written(fuzz_settings) -> None:
                 if n == 4 and call == 0:
                     (row,) = torchscan.autoloop_report(converted)
                     outcomes["scan" if row.converted else row.reason] += 1
+            # eagerly, as the package has it: so short a loop runs as written, and leaves the
+            # report as the scan left it
+            scanned = torchscan.autoloop_report(converted)
+            every = _runtime.AS_WRITTEN_BELOW
+            _runtime.AS_WRITTEN_BELOW = 32
+            try:
+                got = _call(converted, x.clone(), a, flag)
+            finally:
+                _runtime.AS_WRITTEN_BELOW = every
+            _same(got, want, exact=True, where=f"length {n}, as written:\n{source}")
+            assert torchscan.autoloop_report(converted) == scanned, source
 
     run()
     # most run as scans (a temporary read after the loop is bound by the first step, run as

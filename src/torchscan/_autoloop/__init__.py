@@ -99,7 +99,7 @@ def autoloop(obj: Any = None, *, strict: bool = False) -> Any:
     over a dynamic length is refused with a :class:`torchscan.ExportError` rather than
     unrolled. Eagerly, where nothing traces or transforms the call, a converted ``while`` and a
     converted ``for`` of fewer than 32 steps run as written, where a scan would only add its
-    fixed cost; the report says what they would have run as.
+    fixed cost (a ``for`` run so leaves the report as it was).
 
     Args:
         obj: a function (returns the converted function), a method, or an ``nn.Module``

@@ -87,8 +87,8 @@ def _record(loop: Loop, converted: bool, reason: str) -> None:
 
 
 _last_scanned: set[int] = set()
-"""The ids of the living loops whose last run was recorded as a scan's: one that runs as
-written and would again (:func:`runs_as_written`, :func:`as_written`) records nothing anew."""
+"""The ids of the living loops whose last run was recorded as a scan's: a ``while`` run as
+written that would again be one (:func:`as_written`) records nothing anew."""
 _watched: set[int] = set()
 
 
@@ -1155,9 +1155,9 @@ def _scan(
 def runs_as_written(loop: Loop, iterable: Any, carry: tuple[Any, ...]) -> bool:
     """Whether a converted ``for`` runs as written now, over ``iterable`` from the carries
     ``carry``: nothing traces it (:func:`_compat.untraced`), it
-    runs fewer than :data:`AS_WRITTEN_BELOW` steps, and its carries are tensors. It is then
-    recorded as a scan, which is what it runs as where something traces it or on more steps;
-    else :func:`for_` runs it."""
+    runs fewer than :data:`AS_WRITTEN_BELOW` steps, and its carries are tensors; else
+    :func:`for_` runs it. A run as written records nothing: the report keeps what the last scan
+    of the loop did (before one: what the analysis found)."""
     if not _compat.untraced():
         return False
     kind = type(iterable)
@@ -1190,8 +1190,6 @@ def runs_as_written(loop: Loop, iterable: Any, carry: tuple[Any, ...]) -> bool:
             if _not_a_carry(loop.carries[: len(carry)], carry) is not None:
                 return False
             break
-    if id(loop) not in _last_scanned:
-        _record(loop, True, "")
     return True
 
 
@@ -1220,15 +1218,15 @@ def _as_written(
     lists: tuple[list[Any], ...],
     reason: str | None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """A converted loop run as written (:func:`_runs_as_written`); recorded as a scan where its
-    carries would have made one, ``reason`` why not before its first step (a state the first
-    step makes, then read after the loop)."""
+    """A converted loop run as written (:func:`_runs_as_written`), ``reason`` why its carries
+    are no scan's before its first step (a state the first step makes). Nothing is recorded,
+    as by :func:`runs_as_written`; with ``strict``, a carry still no tensor after the loop is
+    refused, as the scan refuses it after the first step."""
     new, made = _python(items, body, carry, lists)
-    if reason is not None:
+    if reason is not None and loop.strict:
         reason = _not_a_carry(loop.carries, new, "after the first step")
-        if reason is not None and loop.strict:
+        if reason is not None:
             raise TorchscanTypeError(f"{API}: the loop of {loop.where()} runs as Python: {reason}")
-    _record(loop, reason is None, reason or "")
     return new, made
 
 
