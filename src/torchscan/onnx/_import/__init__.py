@@ -17,9 +17,12 @@ from torchscan.onnx._import import (  # noqa: F401 (registers)
 )
 from torchscan.onnx._import._graph import OnnxModule, compile_model
 from torchscan.onnx._import._registry import implemented
+from torchscan.onnx._import._weights import Trainable
 
 
-def to_torch(model: onnx.ModelProto | str | os.PathLike[str]) -> OnnxModule:
+def to_torch(
+    model: onnx.ModelProto | str | os.PathLike[str], *, trainable: Trainable = "weights"
+) -> OnnxModule:
     """The ONNX ``model`` as a ``torch.nn.Module`` whose ``forward`` computes its graph.
 
     The module runs the graph's nodes in order, each as torch computes its operator, so that it
@@ -37,11 +40,21 @@ def to_torch(model: onnx.ModelProto | str | os.PathLike[str]) -> OnnxModule:
 
     Args:
         model: an ``onnx.ModelProto``, or the path of an ``.onnx`` file.
+        trainable: which floating-point tensors (initializers, and the values of ``Constant``
+            nodes) are the module's parameters; the others are buffers, which training leaves
+            as they are. ``"weights"`` (the default): those the graph uses as weights, the
+            operands of ``MatMul``/``Gemm``/``Einsum``, the weights of convolutions, recurrent
+            operators and normalizations, embedding tables and the biases added to products
+            (directly or through ``Transpose``, ``Reshape``, ``Slice``...); never a tensor of
+            one element (an exponent, the ``1`` of ``1 - z``, a comparison's operand) or one
+            that holds an infinity (a mask) (docs/import.md). ``"all"``: every one; ``"none"``;
+            a collection of names; or a predicate ``trainable(name, tensor) -> bool``.
 
     Returns:
         An ``OnnxModule``: ``module(*inputs)`` takes the graph's inputs in order (or by name, as
-        keywords) and returns its output, or a tuple of its outputs. Floating-point initializers
-        are its parameters (so it can be fine-tuned), the others its buffers.
+        keywords) and returns its output, or a tuple of its outputs. The ``trainable`` tensors
+        are its parameters (so it can be fine-tuned without changing the model's constants),
+        the others its buffers.
 
     Raises:
         OnnxImportError: the model fails ``onnx.checker``, or a node's operator (in the version
@@ -66,7 +79,7 @@ def to_torch(model: onnx.ModelProto | str | os.PathLike[str]) -> OnnxModule:
                 f"{type(model).__name__}"
             )
         model = onnx.load(os.fspath(model))
-    return compile_model(model)
+    return compile_model(model, trainable)
 
 
 def coverage() -> dict[str, list[int]]:

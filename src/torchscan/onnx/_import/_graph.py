@@ -3,7 +3,8 @@
 :func:`compile_model` checks the model (``onnx.checker``), resolves every node to the
 implementation of its operator's version (:mod:`._registry`) and every subgraph (the bodies of
 ``Scan`` and ``Loop``, the branches of ``If``) to a :class:`Graph` of its own; initializers become
-parameters (floating point) or buffers of the :class:`OnnxModule`, the subgraphs' included.
+parameters (the weights, :mod:`._weights`) or buffers of the :class:`OnnxModule`, the
+subgraphs' included.
 Running a graph binds its inputs and initializers to names and calls its nodes in order; a
 subgraph reads the values of the graphs around it by name, as ONNX scopes them.
 """
@@ -17,6 +18,7 @@ import dataclasses
 import keyword
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import onnx
@@ -25,7 +27,7 @@ import onnx.numpy_helper
 import torch
 
 from torchscan._errors import OnnxImportError, TorchscanTypeError
-from torchscan.onnx._import import _registry
+from torchscan.onnx._import import _registry, _weights
 from torchscan.onnx._import._types import torch_dtype
 
 _API = "the module of torchscan.onnx.to_torch"
@@ -223,9 +225,11 @@ class Call:
 class _Compiler:
     """Compiles a model's graphs, and collects the initializers of all of them."""
 
-    def __init__(self, opsets: Mapping[str, int]) -> None:
+    def __init__(self, opsets: Mapping[str, int], weights: AbstractSet[str]) -> None:
         self.opsets = opsets
+        self.weights = weights  # the ONNX names of the tensors that are parameters
         self.tensors: dict[str, torch.Tensor] = {}  # module attribute -> value
+        self.parameters: set[str] = set()  # the module attributes that are parameters
         self.used: set[str] = set()
 
     def graph(self, graph: onnx.GraphProto, where: str) -> Graph:
@@ -236,9 +240,21 @@ class _Compiler:
             value = torch.from_numpy(onnx.numpy_helper.to_array(tensor).copy())
             self.tensors[attribute] = value
             initializers[tensor.name] = attribute
+            if tensor.name in self.weights:
+                self.parameters.add(attribute)
             known = _constant(value)
             if known is not None:
                 constants[tensor.name] = known
+        held = []  # the Constant nodes that hold weights: parameters, as initializers are
+        for node in graph.node:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if node.op_type == "Constant" and node.output and node.output[0] in self.weights:
+                assert value is not None  # (a weight is a tensor: _weights.candidates)
+                attribute = self._attribute_name(node.output[0])
+                self.tensors[attribute] = torch.from_numpy(onnx.numpy_helper.to_array(value).copy())
+                self.parameters.add(attribute)
+                initializers[node.output[0]] = attribute
+                held.append(node)
         for sparse in graph.sparse_initializer:
             raise OnnxImportError(
                 f"torchscan.onnx.to_torch: {where} has a sparse initializer "
@@ -255,7 +271,11 @@ class _Compiler:
                     "are not implemented)",
                     not_implemented=True,
                 )
-        nodes = tuple(self.node(node, i, where) for i, node in enumerate(graph.node))
+        nodes = tuple(
+            self.node(node, i, where)
+            for i, node in enumerate(graph.node)
+            if not any(node is h for h in held)
+        )
         return Graph(
             graph.name,
             inputs,
@@ -465,15 +485,17 @@ class OnnxModule(torch.nn.Module):
     not a Python identifier is ``input_<i>``), so that ``torch.export`` binds
     ``dynamic_shapes`` to them.
 
-    Floating-point initializers are parameters, the others buffers, named after the initializer
-    (``init_`` and the name with every character that is not a letter, digit or ``_`` replaced;
-    :attr:`onnx_names` maps them back). Save the parameters with ``state_dict``: the module
-    itself does not pickle."""
+    The weights are parameters, the other initializers buffers (``to_torch``'s ``trainable``),
+    named after the initializer or ``Constant`` (``init_`` and the name with every character
+    that is not a letter, digit or ``_`` replaced; :attr:`onnx_names` maps them back). Save the
+    parameters with ``state_dict``: the module itself does not pickle."""
 
-    def __init__(self, graph: Graph, tensors: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self, graph: Graph, tensors: Mapping[str, torch.Tensor], parameters: AbstractSet[str]
+    ) -> None:
         super().__init__()
         for attribute, value in tensors.items():
-            if value.is_floating_point() or value.is_complex():
+            if attribute in parameters:
                 self.register_parameter(attribute, torch.nn.Parameter(value))
             else:
                 self.register_buffer(attribute, value)
@@ -527,8 +549,9 @@ def _module_class(inputs: Sequence[str]) -> type[OnnxModule]:
     return type("OnnxModule", (OnnxModule,), {"forward": forward, "__module__": __name__})
 
 
-def compile_model(model: onnx.ModelProto) -> OnnxModule:
-    """``model`` as an :class:`OnnxModule` (see the module's docstring)."""
+def compile_model(model: onnx.ModelProto, trainable: Any = "weights") -> OnnxModule:
+    """``model`` as an :class:`OnnxModule` (see the module's docstring), the tensors
+    ``trainable`` names (:func:`._weights.trainable_names`) its parameters."""
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
@@ -539,9 +562,9 @@ def compile_model(model: onnx.ModelProto) -> OnnxModule:
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-    compiler = _Compiler(opsets)
+    compiler = _Compiler(opsets, _weights.trainable_names(model, trainable))
     graph = compiler.graph(model.graph, "the main graph")
-    return _module_class(graph.inputs)(graph, compiler.tensors)
+    return _module_class(graph.inputs)(graph, compiler.tensors, compiler.parameters)
 
 
 __all__ = ["Call", "Graph", "Node", "OnnxModule", "compile_model", "ints", "torch_dtype"]
