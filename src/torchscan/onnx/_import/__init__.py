@@ -67,7 +67,10 @@ def to_torch(
         ...     def forward(self, xs):
         ...         return torchscan.scan(lambda c, x: (c + x, c + x), xs[0] * 0, xs)[1]
         >>> xs = torch.ones(3, 2)
-        >>> program = torch.onnx.export(Cumsum().eval(), (xs,), dynamo=True, verbose=False)
+        >>> length = {0: torch.export.Dim("T")}  # (a static length would refuse length 4)
+        >>> program = torch.onnx.export(
+        ...     Cumsum().eval(), (xs,), dynamic_shapes=(length,), dynamo=True, verbose=False
+        ... )
         >>> module = torchscan.onnx.to_torch(program.model_proto)
         >>> module(torch.ones(4, 2)).tolist()
         [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]]

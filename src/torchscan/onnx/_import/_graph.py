@@ -26,8 +26,9 @@ import onnx.inliner
 import onnx.numpy_helper
 import torch
 
-from torchscan._errors import OnnxImportError, TorchscanTypeError
-from torchscan.onnx._import import _registry, _weights
+from torchscan import _compat
+from torchscan._errors import OnnxImportError, TorchscanTypeError, TorchscanValueError
+from torchscan.onnx._import import _inputs, _registry, _weights
 from torchscan.onnx._import._types import torch_dtype
 
 _API = "the module of torchscan.onnx.to_torch"
@@ -124,6 +125,8 @@ class Graph:
     output_types: tuple[tuple[torch.dtype, tuple[int, ...]] | None, ...] = ()
     """The dtype and shape its outputs declare, where they declare a tensor of a static shape
     (else None)."""
+    input_types: tuple[_inputs.Declared | None, ...] = ()
+    """What its inputs declare, where they declare a tensor (else None)."""
 
     def run(
         self, module: torch.nn.Module, inputs: Sequence[Any], outer: Mapping[str, Any] | None = None
@@ -284,6 +287,7 @@ class _Compiler:
             nodes,
             constants,
             tuple(_static_type(o.type) for o in graph.output),
+            tuple(_inputs.declared(i) for i in graph.input if i.name not in initializers),
         )
 
     def node(self, node: onnx.NodeProto, index: int, graph_where: str) -> Node:
@@ -530,7 +534,18 @@ class OnnxModule(torch.nn.Module):
             raise TorchscanTypeError(
                 f"{_API}: inputs {missing} are missing; the model's inputs are {list(names)}"
             )
-        outputs = self.graph.run(self, [values[name] for name in names])
+        given = [values[name] for name in names]
+        _inputs.check(_API, self.graph.input_types, given)
+        try:
+            outputs = self.graph.run(self, given)
+        except Exception as error:
+            why = _inputs.disagreement(self.graph.input_types, given)
+            if why is None or _compat.is_recomputation_stop(error):
+                raise
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise TorchscanValueError(
+                f"{_API}: the graph failed ({type(error).__name__}: {first}), and {why}"
+            ) from error
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
