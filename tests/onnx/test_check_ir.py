@@ -39,11 +39,7 @@ PROTO_METHODS = frozenset(
 
 BOUNDARY = {
     "_load.py": {
-        # reading the file, bytes or proto, with its careful errors
-        "load_model",
-        "_parse",
-        "_check_readable",
-        "_bad_string",
+        # (the file, bytes or proto read by torchscan.onnx._files, which import shares)
         # shape inference (onnx's C++, on protobuf), and the one reading into onnx_ir
         "LoadedModel",
         "read_model",

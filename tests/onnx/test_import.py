@@ -590,11 +590,6 @@ def test_what_torch_cannot_compute_names_the_node_and_the_inputs() -> None:
         module(torch.zeros(2, dtype=torch.uint16), torch.zeros(2, dtype=torch.uint16))
 
 
-def test_a_model_that_is_neither_a_proto_nor_a_path() -> None:
-    with pytest.raises(TypeError, match=r"must be an onnx\.ModelProto or a path, but got int"):
-        torchscan.onnx.to_torch(3)  # type: ignore[arg-type]
-
-
 def test_the_guides_operator_table_is_the_registrys() -> None:
     from pathlib import Path
 

@@ -7,6 +7,7 @@ import os
 import onnx
 
 from torchscan._errors import OnnxImportError, TorchscanTypeError
+from torchscan.onnx._files import check_readable, load_model
 from torchscan.onnx._import import (  # noqa: F401 (registers)
     _ops_control,
     _ops_index,
@@ -39,7 +40,8 @@ def to_torch(
     coverage table (docs/import.md); any other is refused when the model is imported.
 
     Args:
-        model: an ``onnx.ModelProto``, or the path of an ``.onnx`` file.
+        model: an ``onnx.ModelProto``, the path of an ``.onnx`` file (its external data read
+            from beside it), or its bytes.
         trainable: which floating-point tensors (initializers, and the values of ``Constant``
             nodes) are the module's parameters; the others are buffers, which training leaves
             as they are. ``"weights"`` (the default): those the graph uses as weights, the
@@ -57,9 +59,12 @@ def to_torch(
         the others its buffers.
 
     Raises:
-        OnnxImportError: the model fails ``onnx.checker``, or a node's operator (in the version
-            of the model's opset) is not implemented, or a node breaks its operator's rules; the
-            message names the node, its operator and version.
+        OnnxImportError: the file is empty, truncated or corrupt, or no ONNX model (the
+            message says which, as ``torchscan check`` does); the model fails
+            ``onnx.checker``, or a node's operator (in the version of the model's opset) is not
+            implemented, or a node breaks its operator's rules (the message names the node, its
+            operator and version).
+        FileNotFoundError: no file at the path.
 
     Example:
         >>> import torch, torchscan, torchscan.onnx
@@ -76,12 +81,16 @@ def to_torch(
         [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]]
     """
     if not isinstance(model, onnx.ModelProto):
-        if not isinstance(model, (str, os.PathLike)):
+        if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)):
             raise TorchscanTypeError(
-                "torchscan.onnx.to_torch: model must be an onnx.ModelProto or a path, but got "
-                f"{type(model).__name__}"
+                "torchscan.onnx.to_torch: model must be an onnx.ModelProto, a path or bytes, "
+                f"but got {type(model).__name__}"
             )
-        model = onnx.load(os.fspath(model))
+        try:
+            model, label = load_model(model)
+            check_readable(model, label)
+        except ValueError as error:
+            raise OnnxImportError(f"torchscan.onnx.to_torch: {error}") from None
     return compile_model(model, trainable)
 
 

@@ -101,6 +101,13 @@ class Node:
     outputs: tuple[str, ...]
     attributes: Mapping[str, Any]
     where: str
+    domain: str = ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled without its implementation, found again in the registry when unpickled (some
+        are closures, which do not pickle)."""
+        fields = (self.op_type, self.version, self.name, None, self.inputs, self.outputs)
+        return (_unpickled_node, (*fields, dict(self.attributes), self.where, self.domain))
 
     def refuse(self, reason: str, *, not_implemented: bool = False) -> OnnxImportError:
         """The error of this node: names it, its operator and version, and the reason;
@@ -108,6 +115,14 @@ class Node:
         return OnnxImportError(
             f"torchscan.onnx.to_torch: {self.where}: {reason}", not_implemented=not_implemented
         )
+
+
+def _unpickled_node(*fields: Any) -> Node:
+    node = Node(*fields)
+    run = _registry.lookup(node.domain, node.op_type, node.version)
+    assert run is not None  # (it was found when the node was made)
+    object.__setattr__(node, "run", run)
+    return node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +357,7 @@ class _Compiler:
             tuple(node.output),
             attributes,
             where,
+            domain,
         )
 
     def _attribute_name(self, onnx_name: str) -> str:
@@ -492,7 +508,12 @@ class OnnxModule(torch.nn.Module):
     The weights are parameters, the other initializers buffers (``to_torch``'s ``trainable``),
     named after the initializer or ``Constant`` (``init_`` and the name with every character
     that is not a letter, digit or ``_`` replaced; :attr:`onnx_names` maps them back). Save the
-    parameters with ``state_dict``: the module itself does not pickle."""
+    parameters with ``state_dict``, or the whole module with ``torch.save`` (it pickles, and
+    ``copy.deepcopy`` copies it)."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # (of a class made for the model's inputs, which pickle cannot find by name: made again)
+        return (_unpickled_module, (self.input_names, self.__dict__))
 
     def __init__(
         self, graph: Graph, tensors: Mapping[str, torch.Tensor], parameters: AbstractSet[str]
@@ -547,6 +568,13 @@ class OnnxModule(torch.nn.Module):
                 f"{_API}: the graph failed ({type(error).__name__}: {first}), and {why}"
             ) from error
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _unpickled_module(inputs: Sequence[str], state: dict[str, Any]) -> OnnxModule:
+    cls = _module_class(inputs)
+    module = cls.__new__(cls)
+    module.__dict__.update(state)
+    return module
 
 
 def _module_class(inputs: Sequence[str]) -> type[OnnxModule]:

@@ -1,0 +1,85 @@
+"""What ``torchscan.onnx.to_torch`` reads (a ModelProto, a path, bytes), with the check tool's
+messages for files that are not models; and the imported module pickled, saved and copied."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+import torchscan.onnx
+from torchscan.onnx import OnnxImportError
+
+from .test_import_inputs import _rnn
+from .test_import_weights import _masked_model
+
+API = "torchscan.onnx.to_torch"
+
+
+def test_a_model_is_read_from_a_path_or_bytes(tmp_path) -> None:
+    model = _rnn()
+    path = tmp_path / "rnn.onnx"
+    path.write_bytes(model.SerializeToString())
+    h0, xs = torch.randn(2, 3), torch.randn(4, 2, 3)
+    want = torchscan.onnx.to_torch(model)(h0, xs)
+    for given in (path, str(path), model.SerializeToString()):
+        torch.testing.assert_close(torchscan.onnx.to_torch(given)(h0, xs), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty, not an ONNX model"),
+        (
+            b"\xff\xfe garbage",
+            r"is not an ONNX model \(byte 0 does not start a field of ModelProto\)",
+        ),
+        (None, "is truncated: its graph field declares .* bytes, but the file ends"),
+    ],
+    ids=["empty", "garbage", "truncated"],
+)
+def test_a_file_that_is_no_model_is_refused_in_the_check_tools_words(
+    tmp_path, content, message
+) -> None:
+    if content is None:
+        data = _rnn().SerializeToString()
+        content = data[: len(data) // 2]
+    path = tmp_path / "model.onnx"
+    path.write_bytes(content)
+    with pytest.raises(OnnxImportError, match=f"^{API}: {path}: {message}"):
+        torchscan.onnx.to_torch(path)
+
+
+def test_a_missing_file_and_another_kind_are_refused() -> None:
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.onnx: no such file"):
+        torchscan.onnx.to_torch("nowhere.onnx")
+    with pytest.raises(
+        TypeError, match=f"^{API}: model must be an onnx.ModelProto, a path or bytes, but got int$"
+    ):
+        torchscan.onnx.to_torch(3)  # type: ignore[arg-type]
+
+
+def test_the_module_pickles_saves_and_copies_with_its_trained_weights() -> None:
+    model, _ = _masked_model()
+    module = torchscan.onnx.to_torch(model)
+    x = torch.tensor([[-1.0, 2.0, 3.0], [1.0, -2.0, 0.5]])
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    module(x).square().sum().backward()
+    optimizer.step()  # (the weights the copies must hold are trained ones)
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    copies = [
+        pickle.loads(pickle.dumps(module)),
+        torch.load(buffer, weights_only=False),
+        copy.deepcopy(module),
+    ]
+    for made in copies:
+        assert type(made).__name__ == "OnnxModule"
+        assert made.input_names == ("x",)
+        assert [n for n, _ in made.named_parameters()] == [n for n, _ in module.named_parameters()]
+        torch.testing.assert_close(made(x), module(x), rtol=0, atol=0)
+        torch.testing.assert_close(made(x=x), module(x), rtol=0, atol=0)
