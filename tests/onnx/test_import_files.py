@@ -7,6 +7,9 @@ import copy
 import io
 import pickle
 
+import numpy as np
+import onnx
+import onnx.helper as oh
 import pytest
 import torch
 
@@ -83,3 +86,59 @@ def test_the_module_pickles_saves_and_copies_with_its_trained_weights() -> None:
         assert [n for n, _ in made.named_parameters()] == [n for n, _ in module.named_parameters()]
         torch.testing.assert_close(made(x), module(x), rtol=0, atol=0)
         torch.testing.assert_close(made(x=x), module(x), rtol=0, atol=0)
+
+
+def _onnxruntime(model, feeds):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+F = onnx.TensorProto.FLOAT
+
+
+def test_an_output_without_a_type_imports_as_onnxruntime_runs_it() -> None:
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "untyped",
+        [oh.make_tensor_value_info("x", F, [2])],
+        [onnx.ValueInfoProto(name="y")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    x = np.array([-1.0, 2.0], np.float32)
+    (want,) = _onnxruntime(model, {"x": x})
+    np.testing.assert_array_equal(torchscan.onnx.to_torch(model)(torch.from_numpy(x)).numpy(), want)
+
+
+def test_an_output_no_inference_can_type_is_named() -> None:
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "untyped",
+        [oh.make_tensor_value_info("x", F, [2])],
+        [onnx.ValueInfoProto(name="z")],  # (no node makes it)
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    with pytest.raises(OnnxImportError, match="output 'z' of the main graph declares no type"):
+        torchscan.onnx.to_torch(model)
+
+
+def test_a_local_function_of_another_opset_is_inlined_as_onnxruntime_runs_it() -> None:
+    function = oh.make_function(
+        "custom", "Gelu14", ["a"], ["b"], [oh.make_node("Relu", ["a"], ["b"])],
+        [oh.make_opsetid("", 14)],
+    )  # fmt: skip
+    graph = oh.make_graph(
+        [oh.make_node("Gelu14", ["x"], ["y"], domain="custom")],
+        "calls",
+        [oh.make_tensor_value_info("x", F, [2])],
+        [oh.make_tensor_value_info("y", F, [2])],
+    )
+    model = oh.make_model(
+        graph,
+        opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("custom", 1)],
+        functions=[function],
+    )
+    x = np.array([-1.0, 2.0], np.float32)
+    (want,) = _onnxruntime(model, {"x": x})
+    np.testing.assert_array_equal(torchscan.onnx.to_torch(model)(torch.from_numpy(x)).numpy(), want)

@@ -24,6 +24,7 @@ from typing import Any
 import onnx
 import onnx.inliner
 import onnx.numpy_helper
+import onnx.shape_inference
 import torch
 
 from torchscan import _compat
@@ -592,9 +593,37 @@ def _module_class(inputs: Sequence[str]) -> type[OnnxModule]:
     return type("OnnxModule", (OnnxModule,), {"forward": forward, "__module__": __name__})
 
 
+def _typed_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy of it whose outputs that declare no type (which onnxruntime runs,
+    and onnx.checker refuses) have the type ONNX shape inference gives them; refused, naming
+    the output, where it gives none."""
+    untyped = [o.name for o in model.graph.output if o.type.WhichOneof("value") is None]
+    if not untyped:
+        return model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # any failure of inference: the outputs stay untyped, refused below
+        inferred = model
+    known = [*inferred.graph.output, *inferred.graph.value_info]
+    types = {v.name: v.type for v in known if v.type.WhichOneof("value") is not None}
+    missing = [name for name in untyped if name not in types]
+    if missing:
+        raise OnnxImportError(
+            f"torchscan.onnx.to_torch: output '{missing[0]}' of the main graph declares no "
+            "type, and ONNX shape inference finds none (onnx.checker requires one)"
+        )
+    typed = onnx.ModelProto()
+    typed.CopyFrom(model)
+    for output in typed.graph.output:
+        if output.name in untyped:
+            output.type.CopyFrom(types[output.name])
+    return typed
+
+
 def compile_model(model: onnx.ModelProto, trainable: Any = "weights") -> OnnxModule:
     """``model`` as an :class:`OnnxModule` (see the module's docstring), the tensors
     ``trainable`` names (:func:`._weights.trainable_names`) its parameters."""
+    model = _typed_outputs(model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
@@ -603,7 +632,10 @@ def compile_model(model: onnx.ModelProto, trainable: Any = "weights") -> OnnxMod
             f"torchscan.onnx.to_torch: the model fails onnx.checker: {first}"
         ) from None
     if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
+        try:  # (a function whose opset imports differ from the model's: converted as inlined)
+            model = onnx.inliner.inline_local_functions(model, convert_version=True)
+        except Exception:  # (what the converter cannot convert stays a call, refused below)
+            model = onnx.inliner.inline_local_functions(model)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     compiler = _Compiler(opsets, _weights.trainable_names(model, trainable))
     graph = compiler.graph(model.graph, "the main graph")
