@@ -22,7 +22,9 @@ from torchscan.onnx._import._weights import Trainable
 
 
 def to_torch(
-    model: onnx.ModelProto | str | os.PathLike[str], *, trainable: Trainable = "weights"
+    model: onnx.ModelProto | str | os.PathLike[str] | bytes,
+    *,
+    trainable: Trainable = "weights",
 ) -> OnnxModule:
     """The ONNX ``model`` as a ``torch.nn.Module`` whose ``forward`` computes its graph.
 
