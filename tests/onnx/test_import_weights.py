@@ -187,3 +187,16 @@ def test_an_attention_mask_and_an_embedding_table() -> None:
     tokens = torch.tensor([0, 5, 2])
     e = torch.from_numpy(table)[tokens]
     torch.testing.assert_close(module(tokens), e @ e.T + torch.from_numpy(mask))
+
+
+@pytest.mark.parametrize("case", ["crf-loglik", "greedy-decode"])
+def test_every_parameter_of_the_exported_module_trains_in_the_import(case: str) -> None:
+    """A CRF's transitions (added to emissions, no product's weight) and a decoder's
+    embedding and projections: every parameter of the module torch exported (by its name,
+    which the export keeps here) is a weight of the import, and no constant of one element."""
+    from ..zoo._harness import exported, module_of
+
+    module = torchscan.onnx.to_torch(exported(case, 18))
+    weights = {module.onnx_names[n]: p for n, p in module.named_parameters()}
+    assert {n for n, _ in module_of(case).named_parameters()} <= weights.keys()
+    assert all(p.numel() > 1 for p in weights.values())

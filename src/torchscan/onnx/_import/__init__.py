@@ -46,13 +46,12 @@ def to_torch(
             from beside it), or its bytes.
         trainable: which floating-point tensors (initializers, and the values of ``Constant``
             nodes) are the module's parameters; the others are buffers, which training leaves
-            as they are. ``"weights"`` (the default): those the graph uses as weights, the
-            operands of ``MatMul``/``Gemm``/``Einsum``, the weights of convolutions, recurrent
-            operators and normalizations, embedding tables and the biases added to products
-            (directly or through ``Transpose``, ``Reshape``, ``Slice``...); never a tensor of
-            one element (an exponent, the ``1`` of ``1 - z``, a comparison's operand) or one
-            that holds an infinity (a mask) (docs/import.md). ``"all"``: every one; ``"none"``;
-            a collection of names; or a predicate ``trainable(name, tensor) -> bool``.
+            as they are. ``"weights"`` (the default): every one but the model's constants, a
+            tensor of one element (an exponent, the ``1`` of ``1 - z``), one that holds an
+            infinity (a mask), one used as a comparison's operand, an exponent or in shape and
+            index arithmetic, a rank-1 table read by ``Gather`` (docs/import.md). ``"all"``:
+            every one; ``"none"``; a collection of names; or a predicate
+            ``trainable(name, tensor) -> bool``.
 
     Returns:
         An ``OnnxModule``: ``module(*inputs)`` takes the graph's inputs in order (or by name, as

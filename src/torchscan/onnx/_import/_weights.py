@@ -1,22 +1,20 @@
 """Which tensors of an imported model are its weights (the module's parameters, which training
 changes) and which are constants (its buffers, which it never does), by how the graph uses them.
 
-A floating-point tensor, an initializer or the value of a ``Constant`` node, is a weight where
-the graph uses it, directly or through layout operators (``Transpose``, ``Reshape``, ``Slice``,
-``Split``, ``Concat``, ``Cast``...), as:
+ONNX does not say which of a model's tensors were trained: every floating-point tensor, an
+initializer or the value of a ``Constant`` node, is taken for a weight (a CRF's transitions, an
+SSM's ``A_log`` and ``D`` train as a product's weights do), except the model's constants:
 
-* an operand of ``MatMul``, ``Gemm`` or ``Einsum``;
-* the weight or bias of ``Conv``/``ConvTranspose``, the weights, recurrences, biases and
-  peepholes of ``RNN``/``GRU``/``LSTM``, the scale and bias of a normalization
-  (``BatchNormalization``, ``LayerNormalization``, ``InstanceNormalization``,
-  ``GroupNormalization``), the slope of ``PRelu``;
-* the table of a ``Gather`` (an embedding: rank 2 or more);
-* the other operand of an ``Add`` to the result of one of the products above (a bias).
+* a tensor of one element: an exponent (``x ** 2``'s ``2.0``, whose gradient is NaN for a
+  negative ``x``), the ``1`` of ``1 - z``, a ``0.0`` that a mask's comparison and the arithmetic
+  share;
+* a tensor that holds an infinity or a NaN (an attention mask);
+* a tensor the graph uses, directly or through layout operators (``Transpose``, ``Reshape``,
+  ``Slice``, ``Cast``...), as an operand of a comparison, as an exponent, as the bounds of
+  ``Clip``, the value of ``Pad``, the scales of ``Resize``, or as shape and index arithmetic;
+* a table of rank 1 that a ``Gather`` reads items of (a diffusion schedule read at a step).
 
-Everything else is a constant: a tensor of one element (an exponent, ``x ** 2``'s ``2.0``; the
-``1`` of ``1 - z``; a scalar shared between a comparison and arithmetic), a tensor holding an
-infinity or a NaN (an attention mask), and the operands of comparisons, masks, shape and index
-arithmetic. ``to_torch(model, trainable=...)`` overrides the rule.
+``to_torch(model, trainable=...)`` overrides the rule.
 """
 
 from __future__ import annotations
@@ -34,25 +32,28 @@ from torchscan._errors import TorchscanTypeError, TorchscanValueError
 
 _API = "torchscan.onnx.to_torch"
 
-_WEIGHT_INPUTS: dict[str, tuple[int, ...] | None] = {
-    "MatMul": None,  # None: every input
-    "Gemm": None,
-    "Einsum": None,
-    "Conv": (1, 2),
-    "ConvTranspose": (1, 2),
-    "RNN": (1, 2, 3),
-    "GRU": (1, 2, 3),
-    "LSTM": (1, 2, 3, 7),
-    "BatchNormalization": (1, 2),
-    "LayerNormalization": (1, 2),
-    "InstanceNormalization": (1, 2),
-    "GroupNormalization": (1, 2),
-    "PRelu": (1,),
+_CONSTANT_INPUTS: dict[str, tuple[int, ...] | None] = {
+    "Less": None,  # None: every input
+    "LessOrEqual": None,
+    "Greater": None,
+    "GreaterOrEqual": None,
+    "Equal": None,
+    "Pow": (1,),
+    "Clip": (1, 2),
+    "Pad": (1, 2, 3),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Tile": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Range": None,
+    "ConstantOfShape": None,
+    "OneHot": (1, 2),
+    "TopK": (1,),
+    "Where": (0,),
 }
-"""The inputs of each operator that hold weights."""
-
-_PRODUCTS = frozenset({"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose"})
-"""The operators whose result an ``Add`` of a weight adds a bias to."""
+"""The inputs of each operator that hold constants of the model, never weights."""
 
 _LAYOUT: dict[str, tuple[int, ...] | None] = {
     "Transpose": (0,),
@@ -109,7 +110,6 @@ def weights(model: onnx.ModelProto) -> set[str]:
     """The names of the tensors of ``model`` that the rule of this module's docstring makes
     weights."""
     users: dict[str, list[tuple[onnx.NodeProto, int]]] = collections.defaultdict(list)
-    producer: dict[str, onnx.NodeProto] = {}
     for graph in _graphs(model.graph):
         for node in graph.node:
             if node.domain not in ("", "ai.onnx"):
@@ -117,40 +117,31 @@ def weights(model: onnx.ModelProto) -> set[str]:
             for position, name in enumerate(node.input):
                 if name:
                     users[name].append((node, position))
-            for name in node.output:
-                producer[name] = node
 
-    def used_as_weight(name: str, seen: set[str]) -> bool:
+    def used_as_constant(name: str, rank: int, seen: set[str]) -> bool:
         if name in seen:
             return False
         seen.add(name)
         for node, position in users.get(name, ()):
             op = node.op_type
-            if op in _WEIGHT_INPUTS:
-                positions = _WEIGHT_INPUTS[op]
-                if positions is None or position in positions:
-                    return True
-            if op == "Add":
-                other = node.input[1 - position] if len(node.input) == 2 else ""
-                made = producer.get(other)
-                if made is not None and made.op_type in _PRODUCTS:
-                    return True
+            positions = _CONSTANT_INPUTS.get(op, ())
+            if op in _CONSTANT_INPUTS and (positions is None or position in positions):
+                return True
+            if op == "Gather" and position == 0 and rank == 1:
+                return True  # (a schedule read at a step; an embedding table is of rank 2)
             through = _LAYOUT.get(op, ())
             carried = op in _LAYOUT and (through is None or position in through)
-            if carried and any(used_as_weight(out, seen) for out in node.output if out):
+            if carried and any(used_as_constant(out, -1, seen) for out in node.output if out):
                 return True
         return False
 
-    def gathered(name: str) -> bool:
-        return any(n.op_type == "Gather" and p == 0 for n, p in users.get(name, ()))
-
-    found = set()
-    for name, value in candidates(model).items():
-        if value.numel() <= 1 or not bool(torch.isfinite(value).all()):
-            continue
-        if used_as_weight(name, set()) or (value.dim() >= 2 and gathered(name)):
-            found.add(name)
-    return found
+    return {
+        name
+        for name, value in candidates(model).items()
+        if value.numel() > 1
+        and bool(torch.isfinite(value).all())
+        and not used_as_constant(name, value.dim(), set())
+    }
 
 
 def trainable_names(model: onnx.ModelProto, trainable: Any) -> set[str]:
