@@ -140,7 +140,7 @@ ALLOWED = {
     ("_cli.py", "ArgumentTypeError"),
     ("onnx/__init__.py", "AttributeError"),  # a module's __getattr__ for a name it lacks
     ("onnx/_check/_inputs.py", "FileNotFoundError"),
-    ("onnx/_check/_load.py", "FileNotFoundError"),
+    ("onnx/_files.py", "FileNotFoundError"),
     # onnx.reference's convention for what an operator does not run: "not supported" in reports
     ("onnx/_check/_reference_ops.py", "NotImplementedError"),
     ("onnx/_check/_runtimes.py", "RuntimeError"),

@@ -12,7 +12,10 @@ SSM's ``A_log`` and ``D`` train as a product's weights do), except the model's c
 * a tensor the graph uses, directly or through layout operators (``Transpose``, ``Reshape``,
   ``Slice``, ``Cast``...), as an operand of a comparison, as an exponent, as the bounds of
   ``Clip``, the value of ``Pad``, the scales of ``Resize``, or as shape and index arithmetic;
-* a table of rank 1 that a ``Gather`` reads items of (a diffusion schedule read at a step).
+* a table of rank 1 that a ``Gather`` reads items of (a diffusion schedule read at a step);
+* a tensor no operator computes with, directly or through layout operators, but that is only
+  held (``Identity``, ``SequenceConstruct``...): an output as it is (a branch of ``If`` that
+  gives a constant, a slice of a constant put in a sequence).
 
 ``to_torch(model, trainable=...)`` overrides the rule.
 """
@@ -54,6 +57,12 @@ _CONSTANT_INPUTS: dict[str, tuple[int, ...] | None] = {
     "Where": (0,),
 }
 """The inputs of each operator that hold constants of the model, never weights."""
+
+_HOLDERS = frozenset(
+    {"Identity", "Optional", "SequenceConstruct", "SequenceInsert", "ConcatFromSequence"}
+)
+"""Operators that hold a tensor as it is: one that only they read (or none) is an output of
+the model as it is, never a weight."""
 
 _LAYOUT: dict[str, tuple[int, ...] | None] = {
     "Transpose": (0,),
@@ -135,11 +144,28 @@ def weights(model: onnx.ModelProto) -> set[str]:
                 return True
         return False
 
+    def computed_with(name: str, seen: set[str]) -> bool:
+        """Whether an operator computes with it, directly or through layout operators (else
+        it is only held, or rearranged and held, to be an output as it is)."""
+        if name in seen:
+            return False
+        seen.add(name)
+        for node, position in users.get(name, ()):
+            op = node.op_type
+            through = _LAYOUT.get(op, ())
+            if op in _LAYOUT and (through is None or position in through):
+                if any(computed_with(out, seen) for out in node.output if out):
+                    return True
+            elif op not in _HOLDERS:
+                return True
+        return False
+
     return {
         name
         for name, value in candidates(model).items()
         if value.numel() > 1
         and bool(torch.isfinite(value).all())
+        and computed_with(name, set())
         and not used_as_constant(name, value.dim(), set())
     }
 
