@@ -127,47 +127,37 @@ def weights(model: onnx.ModelProto) -> set[str]:
                 if name:
                     users[name].append((node, position))
 
-    def used_as_constant(name: str, rank: int, seen: set[str]) -> bool:
+    def uses(name: str, seen: set[str], direct: bool = True) -> Iterator[tuple[str, int, bool]]:
+        """What reads the tensor, through layout operators: each operator, the input it reads
+        and whether it reads the tensor itself (not rearranged)."""
         if name in seen:
-            return False
+            return
         seen.add(name)
         for node, position in users.get(name, ()):
-            op = node.op_type
-            positions = _CONSTANT_INPUTS.get(op, ())
-            if op in _CONSTANT_INPUTS and (positions is None or position in positions):
-                return True
-            if op == "Gather" and position == 0 and rank == 1:
-                return True  # (a schedule read at a step; an embedding table is of rank 2)
-            through = _LAYOUT.get(op, ())
-            carried = op in _LAYOUT and (through is None or position in through)
-            if carried and any(used_as_constant(out, -1, seen) for out in node.output if out):
-                return True
-        return False
+            through = _LAYOUT.get(node.op_type, ())
+            if node.op_type in _LAYOUT and (through is None or position in through):
+                for out in node.output:
+                    if out:
+                        yield from uses(out, seen, False)
+            else:
+                yield node.op_type, position, direct
 
-    def computed_with(name: str, seen: set[str]) -> bool:
-        """Whether an operator computes with it, directly or through layout operators (else
-        it is only held, or rearranged and held, to be an output as it is)."""
-        if name in seen:
-            return False
-        seen.add(name)
-        for node, position in users.get(name, ()):
-            op = node.op_type
-            through = _LAYOUT.get(op, ())
-            if op in _LAYOUT and (through is None or position in through):
-                if any(computed_with(out, seen) for out in node.output if out):
-                    return True
-            elif op not in _HOLDERS:
-                return True
-        return False
+    def constant(op: str, position: int, direct: bool, rank: int) -> bool:
+        positions = _CONSTANT_INPUTS.get(op, ())
+        if op in _CONSTANT_INPUTS and (positions is None or position in positions):
+            return True
+        # a schedule read at a step (an embedding table is of rank 2)
+        return op == "Gather" and position == 0 and direct and rank == 1
 
-    return {
-        name
-        for name, value in candidates(model).items()
-        if value.numel() > 1
-        and bool(torch.isfinite(value).all())
-        and computed_with(name, set())
-        and not used_as_constant(name, value.dim(), set())
-    }
+    found = set()
+    for name, value in candidates(model).items():
+        if value.numel() <= 1 or not bool(torch.isfinite(value).all()):
+            continue
+        read = list(uses(name, set()))
+        computed = any(op not in _HOLDERS for op, _, _ in read)  # (else an output as it is)
+        if computed and not any(constant(*use, value.dim()) for use in read):
+            found.add(name)
+    return found
 
 
 def trainable_names(model: onnx.ModelProto, trainable: Any) -> set[str]:
