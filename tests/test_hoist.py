@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import io
 import random
 import sys
@@ -924,3 +925,34 @@ def test_a_carry_of_integer_and_bool_scalars_is_hoisted():
     (carry, ys), what, reason = run_until_traced(step, init, xs)
     assert what == "hoisted", reason
     close((carry, ys), scan_loop(step, init, xs))
+
+
+_COLLECTIONS: list[str] = []
+
+
+def _counts_collections(phase: str, info: dict) -> None:
+    global _COLLECTIONS
+    _COLLECTIONS = [*_COLLECTIONS, phase]  # (a callback that changes state, as TorchDynamo's)
+
+
+def test_a_garbage_collection_while_a_step_is_traced_is_not_the_steps():
+    """A collection may start on any allocation of the step: its callbacks run on the step's
+    frame, change state of their own, and are neither the step's Python nor refused in it."""
+    model = Elman(H)
+
+    def step(h, x):
+        _ = [[] for _ in range(100)]  # (allocations of the step's own frame)
+        return model(h, x)
+
+    xs, h = torch.randn(T, B, H), torch.randn(B, H)
+    gc.callbacks.append(_counts_collections)
+    threshold = gc.get_threshold()
+    gc.set_threshold(20, 10**6, 10**6)  # a young collection every 20 allocations
+    try:
+        (got, what, reason) = run_until_traced(step, h, xs)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(_counts_collections)
+    assert what == "hoisted", reason
+    assert _COLLECTIONS
+    close(got, scan_loop(model, h, xs))

@@ -45,6 +45,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import gc
 import operator
 import os
 import sys
@@ -574,6 +575,9 @@ class _Watch:
         self.reason: str | None = None
         self._root = root  # the code that calls the step
         self._frames: dict[int, bool] = {}  # followed frames: whether they are the user's
+        # The garbage collector's callbacks (TorchDynamo keeps one) run on whatever frame
+        # allocates when a collection starts: they are not the step's, and are not followed.
+        self._collector = {getattr(c, "__code__", None) for c in gc.callbacks} - {None}
 
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if self.previous is not None:
@@ -599,6 +603,8 @@ class _Watch:
             else:
                 return
             code = frame.f_code
+            if code in self._collector:
+                return
             if code.co_name == "run" and code.co_filename == _DISPATCH_FILE:
                 self.reason = "it runs a scan or loop of its own"
                 return

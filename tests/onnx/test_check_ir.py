@@ -1,6 +1,8 @@
 """The check tool reads and compares models through onnx_ir, like the exporter: protobuf stays at
 its boundary, where the model is loaded and shape inference runs (``_load``), where the
-``test_data_set`` ``.pb`` files are read, and where the runtimes take protobuf or its bytes."""
+``test_data_set`` ``.pb`` files are read, and where the runtimes take protobuf or its bytes. So
+does ``torchscan.onnx.to_torch``: protobuf where onnx.checker, shape inference and the inliner
+run, and where the model is read into onnx_ir."""
 
 from __future__ import annotations
 
@@ -116,9 +118,41 @@ def test_the_check_tool_reads_models_in_onnx_ir_outside_its_boundary() -> None:
 
 def test_every_boundary_function_exists_and_uses_protobuf() -> None:
     """The list of the boundary is no larger than it needs to be."""
-    for module, allowed in BOUNDARY.items():
-        uses = {scope for scope, _, _ in _protobuf_uses((CHECK / module).read_text())}
-        assert allowed <= uses, (module, allowed - uses)
+    for folder, boundary in ((CHECK, BOUNDARY), (IMPORT, IMPORT_BOUNDARY)):
+        for module, allowed in boundary.items():
+            uses = {scope for scope, _, _ in _protobuf_uses((folder / module).read_text())}
+            assert allowed <= uses, (module, allowed - uses)
+
+
+IMPORT = CHECK.parent / "_import"
+
+IMPORT_BOUNDARY = {
+    # the public API takes a ModelProto
+    "__init__.py": {"to_torch"},
+    "_graph.py": {
+        # onnx.checker, shape inference for untyped outputs, the lint (which infers shapes
+        # first), the inliner: onnx's own functions, on protobuf
+        "compile_model",
+        "_typed_outputs",
+        "_lint",
+        # the one reading into onnx_ir, and what onnx_ir cannot read, refused by name first
+        "_read",
+        "_graphs_of",
+        "_unreadable",
+    },
+}
+"""Where ``torchscan.onnx.to_torch`` may refer to protobuf: the model is read into onnx_ir once,
+and compiled, weighed and checked from there."""
+
+
+def test_the_importer_reads_models_in_onnx_ir_outside_its_boundary() -> None:
+    outside = [
+        f"{path.name}:{line}: {used} (in {scope or 'the module'})"
+        for path in sorted(IMPORT.glob("*.py"))
+        for scope, line, used in _protobuf_uses(path.read_text())
+        if scope not in IMPORT_BOUNDARY.get(path.name, set())
+    ]
+    assert outside == []
 
 
 @pytest.mark.parametrize(

@@ -245,7 +245,12 @@ def test_bidirectional_layer_is_one_scan_with_directions(name: str, opset: int) 
     axis = 1 if CASES[name].batch_first else 0
     assert attributes["scan_input_axes"] == [axis, axis]
     assert attributes["scan_output_axes"] == [axis, axis]
-    op_types = {node.op_type for node, _ in nodes(model_proto.graph)}
+    weights = {t.name for t in model_proto.graph.initializer}
+    op_types = {  # (a weight's transpose stays a node, which onnxruntime folds)
+        node.op_type
+        for node, _ in nodes(model_proto.graph)
+        if not (node.op_type == "Transpose" and node.input[0] in weights)
+    }
     assert not {"Transpose", "Slice", "ReverseSequence", "Loop", "Gather"} & op_types
 
 

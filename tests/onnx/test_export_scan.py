@@ -63,7 +63,6 @@ def test_imported_module_equals_eager(exported, models, name: str, opset: int) -
 
 
 NOT_REEXPORTED = [
-    "may-be-empty",
     "shifted",
     "shifted-axis1-reverse",
     "shifted-fold",

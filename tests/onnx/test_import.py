@@ -114,17 +114,18 @@ def _nodes(graph: onnx.GraphProto):
 
 
 def _all_implemented(model: onnx.ModelProto) -> bool:
-    """Whether every node of ``model`` is an operator version to_torch lists, read from the
-    registry's table and onnx's schemas, and every input a tensor."""
+    """Whether every node of ``model`` is an operator version to_torch lists (of the default
+    domain or ``ai.onnx.ml``), read from the registry's table and onnx's schemas, and every
+    input a tensor."""
     table = implemented()
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None:
-        return False
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     for node in _nodes(model.graph):
-        if node.domain not in ("", "ai.onnx"):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain not in ("", "ai.onnx.ml") or domain not in opsets:
             return False
-        version = schema_version("", node.op_type, opset)
-        if version is None or version not in table.get(node.op_type, []):
+        version = schema_version(domain, node.op_type, opsets[domain])
+        name = f"{domain}.{node.op_type}" if domain else node.op_type
+        if version is None or version not in table.get(name, []):
             return False
     return all(_torch_has(i.type) for i in model.graph.input)
 
@@ -442,20 +443,20 @@ def test_floating_initializers_are_parameters_and_train() -> None:
     """A body reads the main graph's initializer by name; the gradient of the module's
     parameter is the Python loop's."""
     module = torchscan.onnx.to_torch(_linear_scan_model())
-    assert [name for name, _ in module.named_parameters()] == ["init_W"]
-    assert module.onnx_names == {"init_W": "W"}
+    assert [name for name, _ in module.named_parameters()] == ["W"]
+    assert module.onnx_names == {"W": "W"}
     h0, xs = torch.randn(2, 3), torch.randn(5, 2, 3)
     h_last, ys = module(h0, xs)
     (h_last.sum() + ys.square().sum()).backward()
 
-    weight = module.init_W.detach().clone().requires_grad_()
+    weight = module.W.detach().clone().requires_grad_()
     h, outs = h0, []
     for x in xs:
         h = torch.tanh(h @ weight + x)
         outs.append(h)
     (h.sum() + torch.stack(outs).square().sum()).backward()
     torch.testing.assert_close(ys, torch.stack(outs))
-    torch.testing.assert_close(module.init_W.grad, weight.grad)
+    torch.testing.assert_close(module.W.grad, weight.grad)
 
 
 def test_a_path_and_keyword_inputs(tmp_path) -> None:
@@ -572,7 +573,12 @@ def test_a_loop_that_never_ends_is_refused() -> None:
     loop = next(n for n in model.graph.node if n.op_type == "Loop")
     loop.input[0] = ""
     loop.input[1] = ""
-    module = torchscan.onnx.to_torch(model)
+    with pytest.raises(OnnxImportError, match=r"\[loop-never-ends\]: M and cond are both omitted"):
+        torchscan.onnx.to_torch(model)
+    # the check tool's runtime, which imports what it has linted already: refused when it runs
+    from torchscan.onnx._import._graph import compile_model
+
+    module = compile_model(model, lint=False)
     with pytest.raises(OnnxImportError, match="neither a trip count nor a condition"):
         module(torch.zeros(2, 3), torch.tensor(1))
 
@@ -616,22 +622,25 @@ def test_the_modules_inputs_are_checked(args, kwargs, message) -> None:
         torchscan.onnx.OnnxModule.forward(module, *args, **kwargs)
 
 
-def test_scan_8_with_a_sequence_length_out_of_range_is_refused() -> None:
-    f, i32 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT32
+def _scan_8_sum(lens: bool = True, **attributes: Any) -> onnx.ModelProto:
+    """A Scan-8 that sums the rows of each example of ``xs`` [2, 3, 2] (within ``lens``)."""
+    f = onnx.TensorProto.FLOAT
     body = oh.make_graph(
         [oh.make_node("Add", ["s", "x"], ["s_out"]), oh.make_node("Identity", ["s_out"], ["y"])],
         "body",
         [oh.make_tensor_value_info("s", f, [2]), oh.make_tensor_value_info("x", f, [2])],
         [oh.make_tensor_value_info("s_out", f, [2]), oh.make_tensor_value_info("y", f, [2])],
     )
+    inputs = ["lens" if lens else "", "s0", "xs"]
     scan = oh.make_node(
-        "Scan", ["lens", "s0", "xs"], ["s_last", "ys"], num_scan_inputs=1, body=body, name="sc"
+        "Scan", inputs, ["s_last", "ys"], num_scan_inputs=1, body=body, name="sc", **attributes
     )
+    declared = [oh.make_tensor_value_info("lens", onnx.TensorProto.INT64, [2])] if lens else []
     graph = oh.make_graph(
         [scan],
         "g",
         [
-            oh.make_tensor_value_info("lens", i32, [2]),
+            *declared,
             oh.make_tensor_value_info("s0", f, [2, 2]),
             oh.make_tensor_value_info("xs", f, [2, 3, 2]),
         ],
@@ -642,13 +651,30 @@ def test_scan_8_with_a_sequence_length_out_of_range_is_refused() -> None:
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 8)])
     model.ir_version = 3
-    module = torchscan.onnx.to_torch(model)
+    return model
+
+
+def test_scan_8_with_a_sequence_length_out_of_range_is_refused() -> None:
+    module = torchscan.onnx.to_torch(_scan_8_sum())
     xs = torch.arange(12.0).reshape(2, 3, 2)
-    s_last, ys = module(torch.tensor([3, 1], dtype=torch.int32), torch.zeros(2, 2), xs)
+    s_last, ys = module(torch.tensor([3, 1]), torch.zeros(2, 2), xs)
     torch.testing.assert_close(s_last, torch.stack([xs[0].sum(0), xs[1, :1].sum(0)]))
     torch.testing.assert_close(ys[1, 1:], torch.zeros(2, 2))  # padded with zeros
     with pytest.raises(OnnxImportError, match=r"'sc' \(Scan-8\).*sequence_lens \[4, 1\]"):
-        module(torch.tensor([4, 1], dtype=torch.int32), torch.zeros(2, 2), xs)
+        module(torch.tensor([4, 1]), torch.zeros(2, 2), xs)
+
+
+def test_a_scan_8_that_breaks_its_rules_is_refused_at_import_in_the_lint_s_words() -> None:
+    """Two directions for one scanned input: refused when the model is imported, as
+    ``torchscan check`` reports it, not when the module first runs."""
+    model = _scan_8_sum(lens=False, directions=[0, 1])
+    report = torchscan.onnx.check(model, runtimes=())
+    assert [finding.rule for finding in report.findings] == ["scan-list-length"]
+    with pytest.raises(OnnxImportError) as refused:
+        torchscan.onnx.to_torch(model)
+    assert str(refused.value) == (
+        f"torchscan.onnx.to_torch: the model breaks the ONNX specification: {report.findings[0]}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

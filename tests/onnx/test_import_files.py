@@ -142,3 +142,61 @@ def test_a_local_function_of_another_opset_is_inlined_as_onnxruntime_runs_it() -
     x = np.array([-1.0, 2.0], np.float32)
     (want,) = _onnxruntime(model, {"x": x})
     np.testing.assert_array_equal(torchscan.onnx.to_torch(model)(torch.from_numpy(x)).numpy(), want)
+
+
+# What onnx_ir or torch cannot hold, refused by name when the model is imported
+
+
+def _identity_model(value: onnx.ValueInfoProto, **graph: object) -> onnx.ModelProto:
+    nodes = [oh.make_node("Identity", [value.name], ["out"])]
+    output = oh.make_value_info("out", value.type)
+    return oh.make_model(
+        oh.make_graph(nodes, "g", [value], [output], **graph),  # type: ignore[arg-type]
+        opset_imports=[oh.make_opsetid("", 17)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("type_", "words"),
+    [
+        (oh.make_map_type_proto(onnx.TensorProto.INT64, oh.make_tensor_type_proto(1, [])), "a map"),
+        (
+            oh.make_sequence_type_proto(
+                oh.make_map_type_proto(onnx.TensorProto.STRING, oh.make_tensor_type_proto(1, []))
+            ),
+            "a sequence of maps",
+        ),
+        (oh.make_sparse_tensor_type_proto(onnx.TensorProto.FLOAT, [2, 2]), "a sparse tensor"),
+    ],
+)
+def test_maps_and_sparse_tensors_are_refused_naming_the_value(type_, words: str) -> None:
+    model = _identity_model(oh.make_value_info("m", type_))
+    with pytest.raises(OnnxImportError, match=f"the main graph: 'm' is {words} \\(maps") as error:
+        torchscan.onnx.to_torch(model)
+    assert error.value.not_implemented
+
+
+def test_a_sparse_initializer_is_refused_naming_it() -> None:
+    values = onnx.numpy_helper.from_array(np.array([1.0], np.float32), "s")
+    indices = onnx.numpy_helper.from_array(np.array([0], np.int64), "s_indices")
+    sparse = oh.make_sparse_tensor(values, indices, [2])
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
+    model = _identity_model(x, sparse_initializer=[sparse])
+    with pytest.raises(OnnxImportError, match="the main graph has a sparse initializer 's'"):
+        torchscan.onnx.to_torch(model)
+
+
+def test_an_initializer_of_an_element_type_torch_lacks_is_refused_naming_it() -> None:
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
+    w = oh.make_tensor("w", onnx.TensorProto.INT4, [2], [1, -2])
+    nodes = [oh.make_node("Cast", ["w"], ["wf"], to=onnx.TensorProto.FLOAT)]
+    nodes.append(oh.make_node("Add", ["x", "wf"], ["y"]))
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])
+    model = oh.make_model(
+        oh.make_graph(nodes, "g", [x], [y], [w]), opset_imports=[oh.make_opsetid("", 21)]
+    )
+    with pytest.raises(
+        OnnxImportError,
+        match="initializer 'w' of the main graph is of element type int4, which torch has no",
+    ):
+        torchscan.onnx.to_torch(model)

@@ -102,3 +102,34 @@ def test_ir_versions_match_the_releases_of_onnx() -> None:
 def test_ir_version_of_an_opset_outside_the_range_is_refused(opset: int) -> None:
     with pytest.raises(ValueError, match=f"torchscan exports to opsets 8 to 25, but opset {opset}"):
         _opsets.ir_version_for(opset)
+
+
+def _registries() -> dict[str, list[_opsets.OpKey]]:
+    from torchscan.onnx._convert._registry import registry
+    from torchscan.onnx._import import _registry
+
+    return {"converter": list(registry), "import": list(_registry.keys())}
+
+
+@pytest.mark.parametrize("which", ["converter", "import"])
+def test_every_registered_operator_version_is_one_onnx_defines(which: str) -> None:
+    """The converter's adapter for ``(domain, op, b)`` crosses the boundary where version ``b``
+    of ``op`` starts, and ``to_torch``'s implementation for it follows the schema that starts
+    there: ``onnx.defs`` has a schema of ``op`` whose since version is ``b``."""
+    keys = _registries()[which]
+    assert len(keys) > 50
+    assert _opsets.unknown_versions(keys) == []
+
+
+def test_an_unknown_version_is_found_with_what_is_wrong() -> None:
+    assert _opsets.unknown_versions([("", "Add", 7), ("", "Add", 8), ("", "NoSuchOp", 1)]) == [
+        (("", "Add", 8), "version in force is 7"),
+        (("", "NoSuchOp", 1), "no schema"),
+    ]
+
+
+def test_the_registries_key_the_default_domain_alike() -> None:
+    assert _opsets.op_key("ai.onnx", "Scan", 9) == _opsets.op_key("", "Scan", 9) == ("", "Scan", 9)
+    assert _opsets.op_key("ai.onnx.ml", "Scaler", 1) == ("ai.onnx.ml", "Scaler", 1)
+    assert _opsets.schema_since("ai.onnx", "Scan", 10) == 9
+    assert _opsets.schema_since("", "Scan", 7) is None

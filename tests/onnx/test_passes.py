@@ -190,6 +190,7 @@ def test_the_pipeline_s_order() -> None:
     assert _names(_passes.pipeline(21, convert=keep, optimize=keep)) == [
         "CheckLoopTypes",
         "InlinePass",
+        "NameFixPass",
         "ShapeEmptyLoops",
         "HoistLoopInvariants",
         "ConvertVersion",
@@ -198,6 +199,7 @@ def test_the_pipeline_s_order() -> None:
     assert _names(_passes.pipeline(13, convert=keep, optimize=keep, hoist=False)) == [
         "CheckLoopTypes",
         "InlinePass",
+        "NameFixPass",
         "ShapeEmptyLoops",
         "ConvertDown",
         "WarnOnnxruntimeGaps",

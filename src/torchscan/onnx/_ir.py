@@ -11,6 +11,13 @@ import onnx_ir as ir
 
 _DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 
+STATE_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+PERSISTENT = "pkg.torch.export.graph_signature.InputSpec.persistent"
+"""The keys of the ``metadata_props`` where torch.onnx writes what of the module's state an
+initializer is (``PARAMETER``, ``BUFFER``, ``CONSTANT_TENSOR``) and whether a buffer is
+persistent (``"True"``); torchscan's export writes them into the file, where
+``torchscan.onnx.to_torch`` reads them."""
+
 
 def is_default_domain(domain: str) -> bool:
     """Whether ``domain`` names the default ONNX domain (``""`` or its alias ``"ai.onnx"``)."""

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable
 
 import onnx.defs
 import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
+from torchscan.onnx import _ir
 
 MIN_OPSET = 8
 """The oldest opset torchscan exports to: ``Scan`` appeared in opset 8."""
@@ -119,6 +121,42 @@ def loop_version(opset: int) -> OpVersion:
 def first_opset_allowing(versions: tuple[OpVersion, ...], dtype: ir.DataType) -> int | None:
     """The first opset whose version of the operator accepts ``dtype``, or None."""
     return next((v.since for v in versions if dtype in v.element_types), None)
+
+
+OpKey = tuple[str, str, int]
+"""An operator version as torchscan's registries key it (the converter's adapters, by the
+boundary each crosses; ``to_torch``'s implementations, by the schema each follows): its domain
+(``""`` for the default one), its name and the ``since_version`` of its schema."""
+
+
+def op_key(domain: str, op: str, since: int) -> OpKey:
+    """The key of version ``since`` of ``op`` in ``domain`` (``"ai.onnx"`` is ``""``)."""
+    return ("" if _ir.is_default_domain(domain) else domain, op, since)
+
+
+def schema_since(domain: str, op: str, opset: int) -> int | None:
+    """The ``since_version`` of the schema of ``op`` in force at ``opset`` of ``domain``, from
+    ``onnx.defs`` (None where onnx knows no such operator there)."""
+    try:
+        return onnx.defs.get_schema(op, opset, op_key(domain, op, 0)[0]).since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
+def unknown_versions(keys: Iterable[OpKey]) -> list[tuple[OpKey, str]]:
+    """The keys that name no version ``onnx.defs`` defines, each with what is wrong: no schema
+    of the operator, or a schema in force at that version that starts at another."""
+    wrong = []
+    for key in keys:
+        domain, op, since = key
+        try:
+            schema = onnx.defs.get_schema(op, since, domain)
+        except onnx.defs.SchemaError:
+            wrong.append((key, "no schema"))
+            continue
+        if schema.since_version != since:
+            wrong.append((key, f"version in force is {schema.since_version}"))
+    return wrong
 
 
 def markdown_table() -> str:

@@ -10,7 +10,9 @@ without torchscan):
 1. :class:`CheckLoopTypes`: refuse a Scan or Loop of an element type the target's version does
    not allow;
 2. ``onnx_ir.passes.common.InlinePass``: model-local functions inlined, so that the passes after
-   it see every loop;
+   it see every loop; then ``NameFixPass``: every value named once in the model (a parameter
+   may have the name of a value of a loop's body, which the optimizer would fold into an
+   initializer of that name);
 3. :class:`ShapeEmptyLoops`: the stacked outputs of a Loop that may run no iteration shaped as
    the specification wants them (:mod:`torchscan.onnx._empty_loops`);
 4. :class:`HoistLoopInvariants`: work that does not depend on the carried state moved out of
@@ -32,12 +34,14 @@ Each pass can be run alone on a model (``CheckLoopTypes(13)(model)``), as the te
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import onnx_ir as ir
-from onnx_ir.passes.common import InlinePass
+from onnx_ir.passes.common import InlinePass, NameFixPass
 
 from torchscan.onnx import _element_types, _empty_loops, _hoist, _ir, _opsets, _options
 
@@ -92,21 +96,68 @@ class HoistLoopInvariants(ir.passes.InPlacePass):
 class Optimize(ir.passes.InPlacePass):
     """torch.onnx's optimizer (onnxscript's: constant folding, dead code, fusions), then the
     scanned inputs of a Scan that its body no longer reads dropped
-    (:func:`torchscan.onnx._hoist.drop_unread_sequences`), which onnxscript does not do."""
+    (:func:`torchscan.onnx._hoist.drop_unread_sequences`), which onnxscript does not do.
+
+    The module's parameters and persistent buffers are kept as they are (:func:`state_kept`):
+    the optimizer would store ``Transpose(weight)`` as a new initializer under a new name, and a
+    weight fine-tuned elsewhere (``torchscan.onnx.to_torch``) would then have no name to be
+    loaded back by. They are kept under their ``state_dict`` names, and what is computed of
+    them stays a node, which onnxruntime folds when it loads the model."""
 
     def __init__(self, optimize: Optimizer) -> None:
         super().__init__()
         self.optimize = optimize
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.optimize(model)
+        with state_kept(model):
+            self.optimize(model)
         _hoist.drop_unread_sequences(model.graph)
         return ir.passes.PassResult(model, modified=True)
 
 
+@contextlib.contextmanager
+def state_kept(model: ir.Model) -> Iterator[None]:
+    """Have the module's parameters and persistent buffers (:func:`state_initializers`) kept
+    as they are, under their names, by torch.onnx's passes run in the block: neither folded
+    (onnxscript folds no node that reads a graph input), merged with an equal one, nor dropped
+    where unread (``num_batches_tracked``); and mark them so in the file (torch.onnx's
+    ``metadata_props`` of each, written into the initializer, where
+    ``torchscan.onnx.to_torch`` reads them)."""
+    kept = [v for v in state_initializers(model.graph) if not v.is_graph_input()]
+    for value in kept:
+        if value.const_value is not None:
+            for key in (_ir.STATE_KIND, _ir.PERSISTENT):
+                value.const_value.metadata_props[key] = value.metadata_props[key]
+    model.graph.inputs.extend(kept)
+    deduplication = logging.getLogger("onnx_ir.passes.common.initializer_deduplication")
+    level = deduplication.level  # (which warns of every graph input it leaves alone)
+    deduplication.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        deduplication.setLevel(level)
+        for value in kept:
+            model.graph.inputs.remove(value)
+
+
+def state_initializers(graph: ir.Graph) -> list[ir.Value]:
+    """The initializers of ``graph`` that torch.onnx made of the module's ``state_dict``: its
+    parameters and persistent buffers, named as the ``state_dict`` names them (torch.onnx
+    writes the kind of each in the initializer's metadata)."""
+    return [
+        value
+        for value in graph.initializers.values()
+        if value.metadata_props.get(_ir.STATE_KIND) == "PARAMETER"
+        or (
+            value.metadata_props.get(_ir.STATE_KIND) == "BUFFER"
+            and value.metadata_props.get(_ir.PERSISTENT) == "True"
+        )
+    ]
+
+
 class ConvertVersion(ir.passes.InPlacePass):
     """torch.onnx's own conversion to ``target_opset`` (18 and newer, where it converts every
-    operator torchscan emits)."""
+    operator torchscan emits), the module's state kept (:func:`state_kept`)."""
 
     def __init__(self, target_opset: int, convert: VersionConverter) -> None:
         super().__init__()
@@ -114,7 +165,8 @@ class ConvertVersion(ir.passes.InPlacePass):
         self.convert = convert
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        self.convert(model, self.target_opset)
+        with state_kept(model):
+            self.convert(model, self.target_opset)
         return ir.passes.PassResult(model, modified=True)
 
 
@@ -183,6 +235,7 @@ def pipeline(
     passes: list[ir.passes.PassBase] = [
         CheckLoopTypes(target_opset),
         InlinePass(),
+        NameFixPass(),
         ShapeEmptyLoops(),
     ]
     if hoist:

@@ -97,10 +97,11 @@ def _run_imported(
     import torch
 
     from torchscan._errors import OnnxImportError
-    from torchscan.onnx._import import to_torch
+    from torchscan.onnx._import._graph import compile_model
 
     try:
-        module = to_torch(model.proto)
+        # (linted and read into onnx_ir by the check already)
+        module = compile_model(model.proto, lint=False, read=model.model)
         args = [_as_torch(name, feeds[name]) for name in module.input_names]
         with torch.no_grad():
             out = module(*args)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
-from torchscan.onnx import _ir
+from torchscan.onnx._opsets import OpKey, op_key
 
 if TYPE_CHECKING:
     from torchscan.onnx._convert._context import Context
@@ -37,7 +37,7 @@ _VERSION = re.compile(r"version_(\d+)")
 
 
 def _canonical(domain: str) -> str:
-    return "" if _ir.is_default_domain(domain) else domain
+    return op_key(domain, "", 0)[0]
 
 
 def versions_of(cls: type) -> dict[int, Adapter]:
@@ -55,7 +55,7 @@ class AdapterRegistry:
     class that declares each operator's adapters."""
 
     def __init__(self) -> None:
-        self._adapters: dict[tuple[str, str, int], Adapter] = {}
+        self._adapters: dict[OpKey, Adapter] = {}
         self._declared: dict[tuple[str, str], type] = {}
 
     def declare(self, *ops: str, domain: str = "") -> Callable[[_Class], _Class]:
@@ -100,20 +100,20 @@ class AdapterRegistry:
         return decorator
 
     def add(self, domain: str, op: str, since: int, adapter: Adapter) -> None:
-        key = (_canonical(domain), op, since)
+        key = op_key(domain, op, since)
         if key in self._adapters:
             raise TorchscanValueError(f"torchscan.onnx: an adapter is already registered for {key}")
         self._adapters[key] = adapter
 
     def lookup(self, domain: str, op: str, since: int) -> Adapter | None:
         """The adapter for the boundary ``since`` of ``op`` in ``domain``, or None."""
-        return self._adapters.get((_canonical(domain), op, since))
+        return self._adapters.get(op_key(domain, op, since))
 
     def declared_by(self, domain: str, op: str) -> type | None:
         """The class that declares the adapters of ``op`` in ``domain``, or None."""
         return self._declared.get((_canonical(domain), op))
 
-    def __iter__(self) -> Iterator[tuple[str, str, int]]:
+    def __iter__(self) -> Iterator[OpKey]:
         return iter(self._adapters)
 
     def __len__(self) -> int:

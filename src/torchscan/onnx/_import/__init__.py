@@ -10,9 +10,12 @@ from torchscan._errors import OnnxImportError, TorchscanTypeError
 from torchscan.onnx._files import check_readable, load_model
 from torchscan.onnx._import import (  # noqa: F401 (registers)
     _ops_control,
+    _ops_image,
     _ops_index,
     _ops_math,
+    _ops_ml,
     _ops_nn,
+    _ops_quantization,
     _ops_sequence,
     _ops_shape,
 )

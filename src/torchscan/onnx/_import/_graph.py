@@ -15,6 +15,7 @@ import collections
 import contextlib
 import contextvars
 import dataclasses
+import itertools
 import keyword
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,14 +24,16 @@ from typing import Any
 
 import onnx
 import onnx.inliner
-import onnx.numpy_helper
 import onnx.shape_inference
+import onnx_ir as ir
 import torch
 
 from torchscan import _compat
 from torchscan._errors import OnnxImportError, TorchscanTypeError, TorchscanValueError
+from torchscan.onnx import _ir
 from torchscan.onnx._import import _inputs, _registry, _weights
-from torchscan.onnx._import._types import torch_dtype
+from torchscan.onnx._import._types import torch_dtype, torch_tensor
+from torchscan.onnx._opsets import op_key
 
 _API = "the module of torchscan.onnx.to_torch"
 
@@ -38,10 +41,31 @@ Known = tuple[list[Any], tuple[int, ...]]
 """The values of a 0-D or 1-D integer tensor as Python integers (``torch.SymInt`` for sizes
 read while ``torch.export`` traces), and its shape."""
 
-_KNOWN: dict[int, tuple[torch.Tensor, Known]] = {}
-"""While the module is traced: the integer values known in Python of tensors in scope (shapes,
-axes, sizes, the integer constants of the model, and what is computed of them), by ``id``,
-the tensor kept with them so that a reused id is not taken for it."""
+
+@dataclasses.dataclass
+class _Trace:
+    """What one trace of the module (by ``torch.export``, or a probe of a body on fake tensors)
+    knows in Python: the integer values of tensors in scope (shapes, axes, sizes, the integer
+    constants of the model, and what is computed of them), by ``id``, each tensor kept with its
+    values so that no other tensor takes its id while the trace lasts."""
+
+    known: dict[int, tuple[torch.Tensor, Known]] = dataclasses.field(default_factory=dict)
+    probing: bool = False
+    """A body run on fake tensors to find the shapes of its outputs (a Loop that runs no
+    iteration): its sizes are read as while traced."""
+
+    def remember(self, tensor: Any, known: Known) -> None:
+        self.known[id(tensor)] = (tensor, known)
+
+    def values(self, tensor: Any) -> Known | None:
+        entry = self.known.get(id(tensor))
+        return entry[1] if entry is not None and entry[0] is tensor else None
+
+
+_TRACE: contextvars.ContextVar[_Trace | None] = contextvars.ContextVar(
+    "torchscan_onnx_import_trace", default=None
+)
+"""The trace in progress in this context, if any."""
 
 
 def ints(values: torch.Tensor | None) -> list[Any]:
@@ -52,36 +76,30 @@ def ints(values: torch.Tensor | None) -> list[Any]:
     rather than reading a traced tensor's data."""
     if values is None:
         return []
-    entry = _KNOWN.get(id(values))
-    if entry is not None and entry[0] is values:
-        return list(entry[1][0])
+    known = None if torch.compiler.is_dynamo_compiling() else _known(values)
+    if known is not None:
+        return list(known[0])
     if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():
         raise _NotTraceable  # (TorchDynamo, tracing a branch of torch.cond, reads the data)
     return [int(v) for v in values.reshape(-1).tolist()]
 
 
-_PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("probing", default=False)
-"""Set while a body runs on fake tensors to find the shapes of its outputs (a Loop that runs no
-iteration): its sizes are read as while traced."""
-
-
 @contextlib.contextmanager
 def probing(scope: Mapping[str, Any]) -> Iterator[None]:
-    """Run bodies on fake tensors with the values known in Python (see :data:`_PROBING`): the
-    small integer tensors of ``scope``, the values around the body, whose data a fake tensor
-    does not give."""
-    token = _PROBING.set(True)
-    added = []
+    """Run bodies on fake tensors with the values known in Python (a trace whose ``probing``
+    is set, :class:`_Trace`): those known already, and the small integer tensors of ``scope``,
+    the values around the body, whose data a fake tensor does not give."""
+    outer = _TRACE.get()
+    trace = _Trace(dict(outer.known) if outer is not None else {}, probing=True)
     for value in scope.values():
         known = _constant(value)
-        if known is not None and _known(value) is None:
-            added.append(_remember(value, known))
+        if known is not None and trace.values(value) is None:
+            trace.remember(value, known)
+    token = _TRACE.set(trace)
     try:
         yield
     finally:
-        _PROBING.reset(token)
-        for key in added:
-            _KNOWN.pop(key, None)
+        _TRACE.reset(token)
 
 
 class _NotTraceable(Exception):
@@ -152,28 +170,31 @@ class Graph:
         env: dict[str, Any] | collections.ChainMap[str, Any]
         env = {} if outer is None else collections.ChainMap({}, outer)  # type: ignore[arg-type]
         for name, attribute in self.initializers.items():
-            env[name] = getattr(module, attribute)
+            env[name] = _held(module, attribute)
         for name, value in zip(self.inputs, inputs, strict=True):
             env[name] = value
-        traced = torch.compiler.is_compiling() or _PROBING.get()
-        if not traced or torch.compiler.is_dynamo_compiling():
-            # eager; or a branch of torch.cond, which TorchDynamo traces, and where the values
-            # known in Python are not kept (a change to a dict outside the branch)
+        if torch.compiler.is_dynamo_compiling():
+            # a branch of torch.cond, which TorchDynamo traces, and where the values known in
+            # Python are not kept (TorchDynamo reads no context variable)
             return self._run_nodes(module, env)
-        added: list[int] = []
-        try:
-            for name, known in self.constants.items():
-                added.append(_remember(env[name], known))
-            return self._run_nodes(module, env, added)
-        finally:
-            for key in added:
-                _KNOWN.pop(key, None)
+        trace = _TRACE.get()
+        if not torch.compiler.is_compiling() and (trace is None or not trace.probing):
+            return self._run_nodes(module, env)  # eager
+        if trace is None:  # the module's graph, traced: the trace starts
+            token = _TRACE.set(_Trace())
+            try:
+                return self.run(module, inputs, outer)
+            finally:
+                _TRACE.reset(token)
+        for name, known in self.constants.items():
+            trace.remember(env[name], known)
+        return self._run_nodes(module, env, trace)
 
     def _run_nodes(
-        self, module: torch.nn.Module, env: Any, added: list[int] | None = None
+        self, module: torch.nn.Module, env: Any, trace: _Trace | None = None
     ) -> list[Any]:
-        """Run the nodes in ``env``; while tracing (``added`` a list), remember the values of
-        their outputs that are known in Python (:func:`_fold`)."""
+        """Run the nodes in ``env``; while tracing (``trace``), remember the values of their
+        outputs that are known in Python (:func:`_fold`)."""
         for node in self.nodes:
             args = [env[name] if name else None for name in node.inputs]
             try:
@@ -202,11 +223,18 @@ class Graph:
             for name, value in zip(node.outputs, result, strict=False):
                 if name:
                     env[name] = value
-            if added is not None and len(node.outputs) == 1:
+            if trace is not None and len(node.outputs) == 1:
                 known = _fold(node, args, result[0])
                 if known is not None:
-                    added.append(_remember(result[0], known))
+                    trace.remember(result[0], known)
         return [env[name] for name in self.outputs]
+
+
+def _held(module: torch.nn.Module, path: str) -> Any:
+    """The tensor the module holds at ``path`` (``rnn.weight``)."""
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
 
 
 def _describe(value: Any) -> str:
@@ -249,65 +277,66 @@ class _Compiler:
         self.weights = weights  # the ONNX names of the tensors that are parameters
         self.tensors: dict[str, torch.Tensor] = {}  # module attribute -> value
         self.parameters: set[str] = set()  # the module attributes that are parameters
-        self.used: set[str] = set()
+        self.used: set[str] = set()  # the module paths of tensors
+        self.marked = False  # whether the model marks its initializers as state or not
+        self.transient: set[str] = set()  # the buffers that are no state (Constant nodes')
+        self.state: set[str] = set()  # the tensors it marks as state
+        self.containers: set[str] = set()  # the module paths of the modules that hold them
 
-    def graph(self, graph: onnx.GraphProto, where: str) -> Graph:
+    def graph(self, graph: ir.Graph, where: str) -> Graph:
         initializers: dict[str, str] = {}
         constants: dict[str, Known] = {}
-        for tensor in graph.initializer:
-            attribute = self._attribute_name(tensor.name)
-            value = torch.from_numpy(onnx.numpy_helper.to_array(tensor).copy())
-            self.tensors[attribute] = value
-            initializers[tensor.name] = attribute
-            if tensor.name in self.weights:
+        for value in graph.initializers.values():
+            name = _ir.name_of(value)
+            assert value.const_value is not None  # (an initializer of a model read from a file)
+            tensor = _tensor(value.const_value, f"initializer '{name}' of {where}")
+            attribute = self._attribute_name(name)
+            kind = _weights.state_kind(value.const_value)
+            if kind is not None:
+                self.marked = True
+                if kind in ("PARAMETER", "BUFFER (persistent)"):
+                    self.state.add(attribute)
+            self.tensors[attribute] = tensor
+            initializers[name] = attribute
+            if name in self.weights:
                 self.parameters.add(attribute)
-            known = _constant(value)
+            known = _constant(tensor)
             if known is not None:
-                constants[tensor.name] = known
-        held = []  # the Constant nodes that hold weights: parameters, as initializers are
-        for node in graph.node:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if node.op_type == "Constant" and node.output and node.output[0] in self.weights:
-                assert value is not None  # (a weight is a tensor: _weights.candidates)
-                attribute = self._attribute_name(node.output[0])
-                self.tensors[attribute] = torch.from_numpy(onnx.numpy_helper.to_array(value).copy())
+                constants[name] = known
+        held = set()  # the Constant nodes: parameters where they hold weights, else buffers
+        for node in graph:
+            if node.op_type != "Constant" or not _ir.is_default_domain(node.domain):
+                continue
+            tensor = _constant_node_value(node, where)
+            if tensor is None:  # (a string or sparse tensor: refused when it runs)
+                continue
+            name = _ir.name_of(node.outputs[0])
+            attribute = self._attribute_name(name)
+            self.tensors[attribute] = tensor
+            initializers[name] = attribute
+            held.add(node)
+            if name in self.weights:
                 self.parameters.add(attribute)
-                initializers[node.output[0]] = attribute
-                held.append(node)
-        for sparse in graph.sparse_initializer:
-            raise OnnxImportError(
-                f"torchscan.onnx.to_torch: {where} has a sparse initializer "
-                f"'{sparse.values.name}', which to_torch does not implement",
-                not_implemented=True,
-            )
-        inputs = tuple(i.name for i in graph.input if i.name not in initializers)
-        for value in graph.input:
-            kind = value.type.WhichOneof("value")  # untyped, as a body's inputs may be
-            if value.name not in initializers and kind in ("map_type", "sparse_tensor_type"):
-                raise OnnxImportError(
-                    f"torchscan.onnx.to_torch: {where}: input '{value.name}' is a "
-                    f"{kind.removesuffix('_type').replace('_', ' ')} (maps and sparse tensors "
-                    "are not implemented)",
-                    not_implemented=True,
-                )
-        nodes = tuple(
-            self.node(node, i, where)
-            for i, node in enumerate(graph.node)
-            if not any(node is h for h in held)
-        )
+            else:  # (a constant of the graph, not an initializer: no state of the model's)
+                self.transient.add(attribute)
+                known = _constant(tensor)
+                if known is not None:
+                    constants[name] = known
+        inputs = [v for v in graph.inputs if _ir.name_of(v) not in initializers]
+        nodes = tuple(self.node(node, i, where) for i, node in enumerate(graph) if node not in held)
         return Graph(
-            graph.name,
-            inputs,
-            tuple(o.name for o in graph.output),
+            graph.name or "",
+            tuple(_ir.name_of(v) for v in inputs),
+            tuple(_ir.name_of(v) for v in graph.outputs),
             initializers,
             nodes,
             constants,
-            tuple(_static_type(o.type) for o in graph.output),
-            tuple(_inputs.declared(i) for i in graph.input if i.name not in initializers),
+            tuple(_static_type(v) for v in graph.outputs),
+            tuple(_inputs.declared(v) for v in inputs),
         )
 
-    def node(self, node: onnx.NodeProto, index: int, graph_where: str) -> Node:
-        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    def node(self, node: ir.Node, index: int, graph_where: str) -> Node:
+        domain = "" if _ir.is_default_domain(node.domain) else node.domain
         label = f"node '{node.name}'" if node.name else f"node #{index}"
         opset = self.opsets.get(domain)
         version = None if opset is None else _registry.schema_version(domain, node.op_type, opset)
@@ -330,71 +359,122 @@ class _Compiler:
                 not_implemented=True,
             )
         attributes: dict[str, Any] = {}
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                attributes[attribute.name] = self.graph(
-                    attribute.g, f"the {attribute.name} of {label} ({op}-{version})"
-                )
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                raise OnnxImportError(
-                    f"torchscan.onnx.to_torch: {where}: attribute '{attribute.name}' is a list "
-                    "of graphs, which to_torch does not implement",
-                    not_implemented=True,
-                )
-            elif attribute.ref_attr_name:
-                raise OnnxImportError(
-                    f"torchscan.onnx.to_torch: {where}: attribute '{attribute.name}' refers to "
-                    "a function's attribute (functions are inlined first)",
-                    not_implemented=True,
+        for name, attribute in node.attributes.items():
+            # (no operator implemented takes a list of graphs; a function's attributes, which
+            # its nodes may refer to, are bound where functions are inlined)
+            if attribute.type == ir.AttributeType.GRAPH:
+                attributes[name] = self.graph(
+                    attribute.as_graph(), f"the {name} of {label} ({op}-{version})"
                 )
             else:
-                attributes[attribute.name] = _attribute_value(attribute)
+                attributes[name] = _attribute_value(attribute, where)
         return Node(
             node.op_type,
             version,
-            node.name,
+            node.name or "",
             run,
-            tuple(node.input),
-            tuple(node.output),
+            tuple("" if v is None else (v.name or "") for v in node.inputs),
+            tuple(v.name or "" for v in node.outputs),
             attributes,
             where,
             domain,
         )
 
     def _attribute_name(self, onnx_name: str) -> str:
+        """Where the module holds the tensor of ``onnx_name``: at that path where the name is
+        one (``encoder.rnn.weight_ih_l0``, the ``state_dict`` name torch.onnx gives a
+        parameter), so that ``state_dict`` names it as the model does; else (and where the path
+        is taken or names an attribute of the module) ``init_`` and the name with every
+        character that is not a letter, digit or ``_`` replaced."""
+        parts = onnx_name.split(".")
+        if (
+            all(re.fullmatch(r"\w+", part) for part in parts)
+            and not any(
+                part in (_TAKEN if i == 0 else _TAKEN_INSIDE) for i, part in enumerate(parts)
+            )
+            and not any(".".join(parts[:i]) in self.used for i in range(1, len(parts)))
+            and onnx_name not in self.used
+            and onnx_name not in self.containers
+        ):
+            self.used.add(onnx_name)
+            self.containers.update(".".join(parts[:i]) for i in range(1, len(parts)))
+            return onnx_name
         name = re.sub(r"\W", "_", onnx_name) or "_"
         if name[0].isdigit():
             name = f"_{name}"
         name, base, count = f"init_{name}", f"init_{name}", 1
-        while name in self.used:
+        while name in self.used or name in self.containers:
             count += 1
             name = f"{base}_{count}"
         self.used.add(name)
         return name
 
 
-def _attribute_value(attribute: onnx.AttributeProto) -> Any:
-    value = onnx.helper.get_attribute_value(attribute)
-    if attribute.type == onnx.AttributeProto.TENSOR:
-        return torch.from_numpy(onnx.numpy_helper.to_array(value).copy())
-    if attribute.type == onnx.AttributeProto.STRING:
-        return value.decode()
-    if attribute.type == onnx.AttributeProto.STRINGS:
-        return [v.decode() for v in value]
-    if attribute.type == onnx.AttributeProto.TYPE_PROTO:
-        return value
+_TAKEN_INSIDE = frozenset(dir(torch.nn.Module()))
+"""The names a module has of its own, which no tensor of the model can take."""
+_TAKEN = _TAKEN_INSIDE | {"graph", "input_names", "output_names", "onnx_names"}
+
+
+def _tensor(tensor: ir.TensorProtocol, what: str) -> torch.Tensor:
+    """``tensor`` as a torch tensor; refused, naming ``what``, where torch has no dtype of its
+    element type."""
+    value = torch_tensor(tensor)
+    if value is None:
+        raise OnnxImportError(
+            f"torchscan.onnx.to_torch: {what} is of element type {tensor.dtype.name.lower()}, "
+            "which torch has no dtype of",
+            not_implemented=True,
+        )
     return value
 
 
-def _static_type(type_: onnx.TypeProto) -> tuple[torch.dtype, tuple[int, ...]] | None:
-    """The dtype and shape of a declared tensor type whose every dimension is a number."""
-    if not type_.HasField("tensor_type") or not type_.tensor_type.HasField("shape"):
+def _constant_node_value(node: ir.Node, where: str) -> torch.Tensor | None:
+    """The tensor of a ``Constant`` node of a numeric value, else None."""
+    for name, attribute in node.attributes.items():
+        if name == "value" and attribute.type == ir.AttributeType.TENSOR:
+            value = attribute.as_tensor()
+            if torch_dtype(value.dtype) is None:
+                return None  # (refused when it runs, naming the node)
+            return _tensor(value, where)
+        if name in _CONSTANT_ATTRIBUTES:
+            return torch.tensor(_plain(attribute.value), dtype=_CONSTANT_ATTRIBUTES[name])
+    return None
+
+
+_CONSTANT_ATTRIBUTES = {
+    "value_float": torch.float32,
+    "value_floats": torch.float32,
+    "value_int": torch.int64,
+    "value_ints": torch.int64,
+}
+
+
+def _plain(value: Any) -> Any:
+    """An attribute's value as Python holds it: a list for a sequence."""
+    return list(value) if isinstance(value, (tuple, list)) else value
+
+
+def _attribute_value(attribute: ir.Attr, where: str) -> Any:
+    if attribute.type == ir.AttributeType.TENSOR:
+        value = attribute.as_tensor()
+        if torch_dtype(value.dtype) is None:
+            return value  # (strings: refused by the implementations that would read them)
+        return _tensor(value, f"attribute '{attribute.name}' of {where}")
+    if attribute.type == ir.AttributeType.TENSORS:
+        return [_tensor(t, f"attribute '{attribute.name}' of {where}") for t in attribute.value]
+    return _plain(attribute.value)
+
+
+def _static_type(value: ir.Value) -> tuple[torch.dtype, tuple[int, ...]] | None:
+    """The dtype and shape a value declares, where it declares a tensor whose every dimension
+    is a number."""
+    if not isinstance(value.type, ir.TensorType) or value.shape is None:
         return None
-    dtype = torch_dtype(type_.tensor_type.elem_type)
-    dims = type_.tensor_type.shape.dim
-    if dtype is None or not all(d.HasField("dim_value") for d in dims):
+    dtype = torch_dtype(value.type.dtype)
+    dims = [d for d in value.shape.dims if isinstance(d, int)]
+    if dtype is None or len(dims) != len(value.shape.dims):
         return None
-    return dtype, tuple(d.dim_value for d in dims)
+    return dtype, tuple(dims)
 
 
 _INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -412,14 +492,27 @@ def _constant(value: Any) -> Known | None:
     return None
 
 
-def _remember(tensor: Any, known: Known) -> int:
-    _KNOWN[id(tensor)] = (tensor, known)
-    return id(tensor)
+def decided(condition: torch.Tensor) -> bool | None:
+    """While the module is traced: the value of a condition of one element known in Python
+    (computed from shapes and constants, :func:`_fold`) where it holds for every size the trace
+    allows, without a guard (``T != 0`` where ``torch.export`` takes ``T`` for at least 2); else
+    None."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    known = _known(condition)
+    if known is None or len(known[0]) != 1:
+        return None
+    value = known[0][0]
+    if statically_known_true(value):
+        return True
+    if statically_known_true(torch.sym_not(value)):
+        return False
+    return None
 
 
 def _known(value: Any) -> Known | None:
-    entry = _KNOWN.get(id(value))
-    return entry[1] if entry is not None and entry[0] is value else None
+    trace = _TRACE.get()
+    return None if trace is None else trace.values(value)
 
 
 _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
@@ -431,29 +524,33 @@ _ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
+_COMPARISON: dict[str, Callable[[Any, Any], Any]] = {
+    "Equal": lambda a, b: a == b,
+    "Less": lambda a, b: a < b,
+    "LessOrEqual": lambda a, b: a <= b,
+    "Greater": lambda a, b: a > b,
+    "GreaterOrEqual": lambda a, b: a >= b,
+}
+
+
 def _fold(node: Node, args: Sequence[Any], result: Any) -> Known | None:
     """The values of a node's one output, in Python, where they follow from values known in
-    Python (:data:`_KNOWN`): ``Shape`` and ``Size`` of any tensor, small integer constants
-    (``Constant``), and ``Identity``, ``Cast`` to an integer type, ``Gather``, ``Concat``,
-    ``Slice``, ``Squeeze``, ``Unsqueeze``, ``Reshape`` (of one value), ``Add``, ``Sub``,
-    ``Mul``, ``Max`` and ``Min`` of known 0-D and 1-D values. Anything else is not known
+    Python (:class:`_Trace`): ``Shape`` and ``Size`` of any tensor, small integer constants
+    (``Constant``), and ``Identity``, ``Cast`` to an integer type or to bool, ``Gather``,
+    ``Concat``, ``Slice``, ``Squeeze``, ``Unsqueeze``, ``Reshape`` (of one value), ``Add``,
+    ``Sub``, ``Mul``, ``Max`` and ``Min`` of known 0-D and 1-D values, and ``Not`` and the
+    comparisons of one known value with another (a condition on sizes). Anything else is not known
     (None): its consumers read the traced tensor."""
     op = node.op_type
-    if not isinstance(result, torch.Tensor) or result.dtype not in _INTEGERS or result.dim() > 1:
+    if not isinstance(result, torch.Tensor) or result.dim() > 1:
+        return None
+    if result.dtype not in _INTEGERS and result.dtype is not torch.bool:
         return None
     if op == "Shape":
         dims = list(args[0].shape)[node.attributes.get("start", 0) : node.attributes.get("end")]
         return dims, (len(dims),)
     if op == "Size":
         return [args[0].numel()], ()
-    if op == "Constant":
-        value = node.attributes.get("value")
-        if value is None and "value_int" in node.attributes:
-            return [int(node.attributes["value_int"])], ()
-        if value is None and "value_ints" in node.attributes:
-            values = [int(v) for v in node.attributes["value_ints"]]
-            return values, (len(values),)
-        return _constant(value)
     known = [None if a is None else _known(a) for a in args]
     if any(k is None for k, a in zip(known, args, strict=True) if a is not None) or not known:
         return None
@@ -461,6 +558,16 @@ def _fold(node: Node, args: Sequence[Any], result: Any) -> Known | None:
     assert first is not None
     if op == "Identity" or (op == "Cast" and result.dtype in _INTEGERS):
         return first
+    if op == "Cast" and result.dtype is torch.bool:
+        return [v != 0 for v in first[0]], first[1]
+    if op == "Not":
+        return [torch.sym_not(v) for v in first[0]], first[1]
+    if op in _COMPARISON and len(known) == 2 and known[1] is not None:
+        (a, a_shape), (b, b_shape) = first, known[1]
+        if len(a) != 1 or len(b) != 1:
+            return None
+        shape = a_shape if len(a_shape) >= len(b_shape) else b_shape
+        return [_COMPARISON[op](a[0], b[0])], shape
     if op in _ARITHMETIC and len(known) == 2 and known[1] is not None:
         (a, a_shape), (b, b_shape) = first, known[1]
         if len(a) != len(b) and 1 not in (len(a), len(b)):
@@ -507,31 +614,44 @@ class OnnxModule(torch.nn.Module):
     ``dynamic_shapes`` to them.
 
     The weights are parameters, the other initializers buffers (``to_torch``'s ``trainable``),
-    named after the initializer or ``Constant`` (``init_`` and the name with every character
-    that is not a letter, digit or ``_`` replaced; :attr:`onnx_names` maps them back). Save the
-    parameters with ``state_dict``, or the whole module with ``torch.save`` (it pickles, and
-    ``copy.deepcopy`` copies it)."""
+    named after the initializer or ``Constant``: a name that is a module path (``rnn.weight``,
+    as torch.onnx names a module's ``state_dict``) is kept, so that ``state_dict()`` loads
+    into the module the model was exported from; any other is ``init_`` and the name with
+    every character that is not a letter, digit or ``_`` replaced (:attr:`onnx_names` maps
+    them back). Save the parameters with ``state_dict``, or the whole module with
+    ``torch.save`` (it pickles, and ``copy.deepcopy`` copies it)."""
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # (of a class made for the model's inputs, which pickle cannot find by name: made again)
         return (_unpickled_module, (self.input_names, self.__dict__))
 
     def __init__(
-        self, graph: Graph, tensors: Mapping[str, torch.Tensor], parameters: AbstractSet[str]
+        self,
+        graph: Graph,
+        tensors: Mapping[str, torch.Tensor],
+        parameters: AbstractSet[str],
+        transient: AbstractSet[str] = frozenset(),
     ) -> None:
         super().__init__()
-        for attribute, value in tensors.items():
-            if attribute in parameters:
-                self.register_parameter(attribute, torch.nn.Parameter(value))
+        for path, value in tensors.items():
+            *outer, attribute = path.split(".")
+            holder: torch.nn.Module = self
+            for part in outer:
+                if part not in holder._modules:
+                    holder.add_module(part, torch.nn.Module())
+                holder = getattr(holder, part)
+            if path in parameters:
+                holder.register_parameter(attribute, torch.nn.Parameter(value))
             else:
-                self.register_buffer(attribute, value)
+                holder.register_buffer(attribute, value, persistent=path not in transient)
         self.graph = graph
         self.input_names: tuple[str, ...] = graph.inputs
         self.output_names: tuple[str, ...] = graph.outputs
 
     @property
     def onnx_names(self) -> dict[str, str]:
-        """The ONNX name of every initializer of the main graph, by module attribute."""
+        """The ONNX name of every initializer (and ``Constant`` held as a weight) of the main
+        graph, by its name in the module's ``state_dict``."""
         return {attribute: name for name, attribute in self.graph.initializers.items()}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -568,7 +688,24 @@ class OnnxModule(torch.nn.Module):
             raise TorchscanValueError(
                 f"{_API}: the graph failed ({type(error).__name__}: {first}), and {why}"
             ) from error
+        if not torch.compiler.is_compiling():
+            outputs = self._not_held(outputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _not_held(self, outputs: list[Any]) -> list[Any]:
+        """``outputs``, an output that is (or views) a tensor of the module copied: the caller
+        may change it in place, and the module's constants must stay as they are."""
+        held: set[int] | None = None
+        copied = []
+        for output in outputs:
+            if isinstance(output, torch.Tensor) and output.device.type != "meta":
+                if held is None:
+                    tensors = itertools.chain(self.parameters(), self.buffers())
+                    held = {t.untyped_storage().data_ptr() for t in tensors}
+                if output.untyped_storage().data_ptr() in held:
+                    output = output.clone()
+            copied.append(output)
+        return copied
 
 
 def _unpickled_module(inputs: Sequence[str], state: dict[str, Any]) -> OnnxModule:
@@ -620,9 +757,94 @@ def _typed_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return typed
 
 
-def compile_model(model: onnx.ModelProto, trainable: Any = "weights") -> OnnxModule:
+def _lint(model: onnx.ModelProto) -> None:
+    """Refuse a ``Scan`` or ``Loop`` that breaks its version's rules, in the words of
+    ``torchscan check``'s lint, rather than fail when it first runs."""
+    from torchscan.onnx._check._lint import lint
+
+    def loops(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:
+        return any(
+            node.op_type in ("Scan", "Loop")
+            or any(loops(a.g) for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+            for node in graph.node
+        )
+
+    if not loops(model.graph) and not any(loops(f) for f in model.functions):
+        return
+    try:
+        findings: list[Any] = list(lint(model).findings)
+    except ValueError:  # (what onnx_ir cannot read: refused, if at all, by what follows)
+        return
+    if findings:
+        more = (
+            f" (and {len(findings) - 1} more: torchscan check lists them)"
+            if len(findings) > 1
+            else ""
+        )
+        raise OnnxImportError(
+            f"torchscan.onnx.to_torch: the model breaks the ONNX specification{more}: {findings[0]}"
+        )
+
+
+def _read(model: onnx.ModelProto) -> ir.Model:
+    """``model`` in onnx_ir, where the importer reads it; what onnx_ir cannot read (maps, sparse
+    tensors) refused, naming the value."""
+    for graph, where in _graphs_of(model.graph, "the main graph"):
+        for sparse in graph.sparse_initializer:
+            raise OnnxImportError(
+                f"torchscan.onnx.to_torch: {where} has a sparse initializer "
+                f"'{sparse.values.name}', which to_torch does not implement",
+                not_implemented=True,
+            )
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            kind = _unreadable(value.type)
+            if kind is not None:
+                raise OnnxImportError(
+                    f"torchscan.onnx.to_torch: {where}: '{value.name}' is {kind} (maps and "
+                    "sparse tensors are not implemented)",
+                    not_implemented=True,
+                )
+    return ir.serde.deserialize_model(model)
+
+
+def _graphs_of(graph: onnx.GraphProto, where: str) -> Iterator[tuple[onnx.GraphProto, str]]:
+    """``graph`` and the graphs nested in its nodes, each with the words that name it."""
+    yield graph, where
+    for index, node in enumerate(graph.node):
+        label = f"node '{node.name}'" if node.name else f"node #{index}"
+        for attribute in node.attribute:
+            for inner in [attribute.g] if attribute.HasField("g") else attribute.graphs:
+                yield from _graphs_of(inner, f"the {attribute.name} of {label} ({node.op_type})")
+
+
+def _unreadable(type_: onnx.TypeProto) -> str | None:
+    """What of ``type_`` onnx_ir cannot read (a map, a sparse tensor, within a sequence or an
+    optional too), in words; else None."""
+    kind = type_.WhichOneof("value")
+    if kind == "map_type":
+        return "a map"
+    if kind == "sparse_tensor_type":
+        return "a sparse tensor"
+    if kind == "sequence_type":
+        inner = _unreadable(type_.sequence_type.elem_type)
+        return None if inner is None else f"a sequence of {inner.removeprefix('a ')}s"
+    if kind == "optional_type":
+        inner = _unreadable(type_.optional_type.elem_type)
+        return None if inner is None else f"an optional {inner.removeprefix('a ')}"
+    return None
+
+
+def compile_model(
+    model: onnx.ModelProto,
+    trainable: Any = "weights",
+    *,
+    lint: bool = True,
+    read: ir.Model | None = None,
+) -> OnnxModule:
     """``model`` as an :class:`OnnxModule` (see the module's docstring), the tensors
-    ``trainable`` names (:func:`._weights.trainable_names`) its parameters."""
+    ``trainable`` names (:func:`._weights.trainable_names`) its parameters. The check tool,
+    which lints the model's loops and reads it into onnx_ir itself, passes ``lint=False`` and
+    the model it ``read`` (used where no local function is inlined first)."""
     model = _typed_outputs(model)
     try:
         onnx.checker.check_model(model)
@@ -631,15 +853,33 @@ def compile_model(model: onnx.ModelProto, trainable: Any = "weights") -> OnnxMod
         raise OnnxImportError(
             f"torchscan.onnx.to_torch: the model fails onnx.checker: {first}"
         ) from None
+    if lint:
+        _lint(model)
     if model.functions:
+        read = None
         try:  # (a function whose opset imports differ from the model's: converted as inlined)
             model = onnx.inliner.inline_local_functions(model, convert_version=True)
         except Exception:  # (what the converter cannot convert stays a call, refused below)
             model = onnx.inliner.inline_local_functions(model)
-    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-    compiler = _Compiler(opsets, _weights.trainable_names(model, trainable))
-    graph = compiler.graph(model.graph, "the main graph")
-    return _module_class(graph.inputs)(graph, compiler.tensors, compiler.parameters)
+    if read is None:
+        read = _read(model)
+    opsets = {op_key(d, "", 0)[0]: v for d, v in read.opset_imports.items()}
+    compiler = _Compiler(opsets, _weights.trainable_names(read, trainable))
+    graph = compiler.graph(read.graph, "the main graph")
+    transient = compiler.transient
+    if compiler.marked:  # the buffers that are not the state of the module the model was made of
+        transient = set(compiler.tensors) - compiler.state - compiler.parameters
+    module_class = _module_class(graph.inputs)
+    return module_class(graph, compiler.tensors, compiler.parameters, transient)
 
 
-__all__ = ["Call", "Graph", "Node", "OnnxModule", "compile_model", "ints", "torch_dtype"]
+__all__ = [
+    "Call",
+    "Graph",
+    "Node",
+    "OnnxModule",
+    "compile_model",
+    "decided",
+    "ints",
+    "torch_dtype",
+]

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import onnx
+import onnx_ir as ir
 import torch
 
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
@@ -26,33 +26,29 @@ class Declared:
     it declares none torch has) and its dimensions (``None`` where it declares no shape)."""
 
     name: str
-    element_type: int
+    element_type: ir.DataType
     dims: tuple[Dim, ...] | None
 
     @property
     def dtype(self) -> torch.dtype | None:
-        return torch_dtype(self.element_type) if self.element_type else None
+        return torch_dtype(self.element_type)
 
     def text(self) -> str:
-        kind = onnx.TensorProto.DataType.Name(self.element_type).lower()
+        kind = self.element_type.name.lower()
         if self.dims is None:
             return f"tensor({kind})"
         dims = ", ".join("?" if d is None else str(d) for d in self.dims)
         return f"tensor({kind}) of shape [{dims}]"
 
 
-def declared(value: onnx.ValueInfoProto) -> Declared | None:
+def declared(value: ir.Value) -> Declared | None:
     """What ``value`` declares, where it declares a tensor."""
-    if value.type.WhichOneof("value") != "tensor_type":
+    if not isinstance(value.type, ir.TensorType):
         return None
-    tensor = value.type.tensor_type
     dims: tuple[Dim, ...] | None = None
-    if tensor.HasField("shape"):
-        dims = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in tensor.shape.dim
-        )
-    return Declared(value.name, tensor.elem_type, dims)
+    if value.shape is not None:
+        dims = tuple(d if isinstance(d, int) else d.value for d in value.shape.dims)
+    return Declared(value.name or "", value.type.dtype, dims)
 
 
 def _came(value: torch.Tensor) -> str:

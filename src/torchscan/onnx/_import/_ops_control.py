@@ -17,7 +17,8 @@ from torchscan._errors import OnnxImportError, TorchscanError
 from torchscan._loop import loop as torchscan_loop
 from torchscan._scan import scan as torchscan_scan
 from torchscan._until import until
-from torchscan.onnx._import._graph import Call, Graph, probing
+from torchscan.onnx import _opsets
+from torchscan.onnx._import._graph import Call, Graph, decided, probing
 from torchscan.onnx._import._registry import implements
 
 
@@ -38,7 +39,7 @@ def _in_node_words(call: Call, run: Callable[[], Any]) -> Any:
         ) from error
 
 
-@implements("Scan", 9, 11, 16, 19, 21, 23, 24, 25)
+@implements("Scan", *(v.since for v in _opsets.SCAN_VERSIONS if not v.batch_axis))
 def scan(call: Call, *inputs: torch.Tensor) -> list[torch.Tensor]:
     m = call.attribute("num_scan_inputs")
     n = len(inputs) - m
@@ -65,7 +66,7 @@ def scan(call: Call, *inputs: torch.Tensor) -> list[torch.Tensor]:
     return [*carry, *ys]
 
 
-@implements("Scan", 8)
+@implements("Scan", *(v.since for v in _opsets.SCAN_VERSIONS if v.batch_axis))
 def scan_8(call: Call, lengths: torch.Tensor | None, *inputs: torch.Tensor) -> list[torch.Tensor]:
     """Scan-8: every state and sequence batched on axis 0, the sequences' time on axis 1; each
     example runs ``sequence_lens[b]`` steps (every step where it is omitted), reading a sequence
@@ -110,7 +111,7 @@ def scan_8(call: Call, lengths: torch.Tensor | None, *inputs: torch.Tensor) -> l
     return [*finals, *outputs]
 
 
-@implements("Loop", 1, 11, 13, 16, 19, 21, 23, 24, 25)
+@implements("Loop", *(v.since for v in _opsets.LOOP_VERSIONS))
 def loop(
     call: Call, trip_count: torch.Tensor | None, cond: torch.Tensor | None, *initial: torch.Tensor
 ) -> list[torch.Tensor]:
@@ -212,8 +213,13 @@ def _no_iteration(call: Call, cond: torch.Tensor, initial: Sequence[torch.Tensor
 
 @implements("If", 1, 11, 13, 16, 19, 21, 23, 24, 25)
 def if_(call: Call, cond: torch.Tensor) -> list[torch.Tensor]:
-    """``If``: the branch the condition picks; traced (by ``torch.export``), ``torch.cond``,
-    which exports as an ``If``."""
+    """``If``: the branch the condition picks; traced (by ``torch.export``), the branch a
+    condition on sizes picks for every size the trace allows (the guard of an empty sequence),
+    else ``torch.cond``, which exports as an ``If``."""
+    if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():
+        branch = {True: "then_branch", False: "else_branch", None: None}[decided(cond)]
+        if branch is not None:
+            return call.run_graph(branch, [])
     if torch.compiler.is_compiling():
         # torch.cond's branches may not return their inputs or views of them: copies
         then_out = lambda: tuple(v.clone() for v in call.run_graph("then_branch", []))  # noqa: E731

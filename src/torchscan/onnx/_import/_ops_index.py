@@ -233,6 +233,8 @@ def _top_k(
         torch._check(k <= x.shape[dim])
     elif not 0 <= k <= x.shape[dim]:
         raise call.refuse(f"k = {k} is not in [0, {x.shape[dim]}] (the size of axis {axis})")
+    if torch.compiler.is_compiling():  # (exported as a TopK, which keeps ties in index order)
+        return torch.topk(x, k, dim=dim, largest=largest, sorted=True)
     values, indices = torch.sort(x, dim=dim, descending=largest, stable=True)
     return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
 

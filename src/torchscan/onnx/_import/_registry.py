@@ -8,16 +8,15 @@ computed by the implementation of an older or newer version, whose meaning may d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import onnx.defs
-
 from torchscan._errors import TorchscanValueError
+from torchscan.onnx._opsets import OpKey, op_key, schema_since
 
 Implementation = Callable[..., Any]
 
-_IMPLEMENTATIONS: dict[tuple[str, str, int], Implementation] = {}
+_IMPLEMENTATIONS: dict[OpKey, Implementation] = {}
 
 
 def implements(op_type: str, *versions: int, domain: str = "") -> Callable[[Any], Any]:
@@ -26,7 +25,7 @@ def implements(op_type: str, *versions: int, domain: str = "") -> Callable[[Any]
 
     def register(function: Implementation) -> Implementation:
         for version in versions:
-            key = (domain, op_type, version)
+            key = op_key(domain, op_type, version)
             if key in _IMPLEMENTATIONS:
                 raise TorchscanValueError(f"{op_type}-{version} is implemented twice")
             _IMPLEMENTATIONS[key] = function
@@ -38,22 +37,24 @@ def implements(op_type: str, *versions: int, domain: str = "") -> Callable[[Any]
 def schema_version(domain: str, op_type: str, opset: int) -> int | None:
     """The ``since_version`` of the schema of ``op_type`` in force at ``opset`` (``None`` where
     onnx knows no such operator there)."""
-    try:
-        return onnx.defs.get_schema(op_type, opset, domain).since_version
-    except onnx.defs.SchemaError:
-        return None
+    return schema_since(domain, op_type, opset)
 
 
 def lookup(domain: str, op_type: str, version: int) -> Implementation | None:
-    return _IMPLEMENTATIONS.get((domain, op_type, version))
+    return _IMPLEMENTATIONS.get(op_key(domain, op_type, version))
+
+
+def keys() -> Iterator[OpKey]:
+    """The operator versions implemented, as the registries key them."""
+    return iter(sorted(_IMPLEMENTATIONS))
 
 
 def implemented() -> dict[str, list[int]]:
-    """The versions implemented of every operator of the default domain, for the docs."""
+    """The versions implemented of every operator, for the docs: those of the default domain by
+    name, the others' after their domain (``ai.onnx.ml.Scaler``)."""
     table: dict[str, list[int]] = {}
     for domain, op_type, version in sorted(_IMPLEMENTATIONS):
-        if domain == "":
-            table.setdefault(op_type, []).append(version)
+        table.setdefault(f"{domain}.{op_type}" if domain else op_type, []).append(version)
     return table
 
 

@@ -11,27 +11,31 @@ SSM's ``A_log`` and ``D`` train as a product's weights do), except the model's c
 * a tensor that holds an infinity or a NaN (an attention mask);
 * a tensor the graph uses, directly or through layout operators (``Transpose``, ``Reshape``,
   ``Slice``, ``Cast``...), as an operand of a comparison, as an exponent, as the bounds of
-  ``Clip``, the value of ``Pad``, the scales of ``Resize``, or as shape and index arithmetic;
+  ``Clip``, the value of ``Pad``, the scales of ``Resize`` or of quantization, or as shape and
+  index arithmetic;
 * a table of rank 1 that a ``Gather`` reads items of (a diffusion schedule read at a step);
 * a tensor no operator computes with, directly or through layout operators, but that is only
   held (``Identity``, ``SequenceConstruct``...): an output as it is (a branch of ``If`` that
   gives a constant, a slice of a constant put in a sequence).
+
+A model that torchscan exported says which of its tensors were the module's parameters (its
+initializers' ``metadata_props``, as torch.onnx knows them): those, and only those, are its
+weights.
 
 ``to_torch(model, trainable=...)`` overrides the rule.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
-import numpy as np
-import onnx
-import onnx.numpy_helper
+import onnx_ir as ir
 import torch
 
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
+from torchscan.onnx import _ir
+from torchscan.onnx._import._types import torch_tensor
 
 _API = "torchscan.onnx.to_torch"
 
@@ -55,6 +59,12 @@ _CONSTANT_INPUTS: dict[str, tuple[int, ...] | None] = {
     "OneHot": (1, 2),
     "TopK": (1,),
     "Where": (0,),
+    # the scales of quantization (and a float zero point), which training would move off the
+    # integers they were chosen for
+    "QuantizeLinear": (1, 2),
+    "DequantizeLinear": (1, 2),
+    "QLinearMatMul": (1, 2, 4, 5, 6, 7),
+    "QLinearConv": (1, 2, 4, 5, 6, 7),
 }
 """The inputs of each operator that hold constants of the model, never weights."""
 
@@ -84,61 +94,88 @@ it (their outputs are the weight, rearranged)."""
 Trainable = str | Collection[str] | Callable[[str, torch.Tensor], bool]
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+def _graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     """``graph`` and every graph nested in its nodes' attributes."""
     yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for g in attribute.graphs:
-                    yield from _graphs(g)
+    for node in graph:
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                yield from _graphs(attribute.as_graph())
+            elif attribute.type == ir.AttributeType.GRAPHS:
+                for inner in attribute.as_graphs():
+                    yield from _graphs(inner)
 
 
-def candidates(model: onnx.ModelProto) -> dict[str, torch.Tensor]:
+def _sources(model: ir.Model) -> dict[str, tuple[ir.Value, ir.TensorProtocol]]:
+    """The tensors of ``model`` given by value, by name: its initializers (in every graph) and
+    the ``value`` of its ``Constant`` nodes, each with the value the graph reads it as."""
+    found: dict[str, tuple[ir.Value, ir.TensorProtocol]] = {}
+    for graph in _graphs(model.graph):
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                found[_ir.name_of(value)] = (value, value.const_value)
+        for node in graph:
+            given = node.attributes.get("value")
+            if (
+                node.op_type == "Constant"
+                and _ir.is_default_domain(node.domain)
+                and node.outputs
+                and given is not None
+                and given.type == ir.AttributeType.TENSOR
+            ):
+                found[_ir.name_of(node.outputs[0])] = (node.outputs[0], given.as_tensor())
+    return found
+
+
+def candidates(model: ir.Model) -> dict[str, torch.Tensor]:
     """The floating-point tensors of ``model`` that could be weights, by name: its initializers
     (in every graph) and the ``value`` of its ``Constant`` nodes."""
-    found: dict[str, torch.Tensor] = {}
-    for graph in _graphs(model.graph):
-        for tensor in graph.initializer:
-            found[tensor.name] = _tensor(tensor)
-        for node in graph.node:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
-                value = next((a.t for a in node.attribute if a.name == "value"), None)
-                if value is not None:
-                    found[node.output[0]] = _tensor(value)
-    return {k: v for k, v in found.items() if v.is_floating_point() or v.is_complex()}
+    found = {}
+    for name, (_, tensor) in _sources(model).items():
+        value = torch_tensor(tensor)
+        if value is not None and (value.is_floating_point() or value.is_complex()):
+            found[name] = value
+    return found
 
 
-def _tensor(proto: onnx.TensorProto) -> torch.Tensor:
-    return torch.from_numpy(np.array(onnx.numpy_helper.to_array(proto)))
+def state_kind(tensor: ir.TensorProtocol) -> str | None:
+    """What of the state of the module that torch exported ``tensor`` was, where the file says
+    (torchscan's export writes it): ``"PARAMETER"``, ``"BUFFER (persistent)"``, ``"BUFFER"``
+    or ``"CONSTANT_TENSOR"``; else None."""
+    marks = tensor.metadata_props
+    kind = marks.get(_ir.STATE_KIND)
+    if kind == "BUFFER" and marks.get(_ir.PERSISTENT) == "True":
+        return "BUFFER (persistent)"
+    return kind
 
 
-def weights(model: onnx.ModelProto) -> set[str]:
+def weights(model: ir.Model) -> set[str]:
     """The names of the tensors of ``model`` that the rule of this module's docstring makes
-    weights."""
-    users: dict[str, list[tuple[onnx.NodeProto, int]]] = collections.defaultdict(list)
-    for graph in _graphs(model.graph):
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                continue
-            for position, name in enumerate(node.input):
-                if name:
-                    users[name].append((node, position))
+    weights: the module's parameters where the file says which tensors they were."""
+    kinds = {
+        _ir.name_of(v): state_kind(v.const_value)
+        for v in model.graph.initializers.values()
+        if v.const_value is not None
+    }
+    floating = candidates(model)
+    if any(kind is not None for kind in kinds.values()):
+        return {name for name, kind in kinds.items() if kind == "PARAMETER"} & set(floating)
 
-    def uses(name: str, seen: set[str], direct: bool = True) -> Iterator[tuple[str, int, bool]]:
+    def uses(
+        value: ir.Value, seen: set[ir.Value], direct: bool = True
+    ) -> Iterator[tuple[str, int, bool]]:
         """What reads the tensor, through layout operators: each operator, the input it reads
         and whether it reads the tensor itself (not rearranged)."""
-        if name in seen:
+        if value in seen:
             return
-        seen.add(name)
-        for node, position in users.get(name, ()):
+        seen.add(value)
+        for node, position in value.uses():
+            if not _ir.is_default_domain(node.domain):
+                continue
             through = _LAYOUT.get(node.op_type, ())
             if node.op_type in _LAYOUT and (through is None or position in through):
-                for out in node.output:
-                    if out:
-                        yield from uses(out, seen, False)
+                for out in node.outputs:
+                    yield from uses(out, seen, False)
             else:
                 yield node.op_type, position, direct
 
@@ -149,18 +186,19 @@ def weights(model: onnx.ModelProto) -> set[str]:
         # a schedule read at a step (an embedding table is of rank 2)
         return op == "Gather" and position == 0 and direct and rank == 1
 
+    sources = _sources(model)
     found = set()
-    for name, value in candidates(model).items():
-        if value.numel() <= 1 or not bool(torch.isfinite(value).all()):
+    for name, tensor in floating.items():
+        if tensor.numel() <= 1 or not bool(torch.isfinite(tensor).all()):
             continue
-        read = list(uses(name, set()))
+        read = list(uses(sources[name][0], set()))
         computed = any(op not in _HOLDERS for op, _, _ in read)  # (else an output as it is)
-        if computed and not any(constant(*use, value.dim()) for use in read):
+        if computed and not any(constant(op, at, direct, tensor.dim()) for op, at, direct in read):
             found.add(name)
     return found
 
 
-def trainable_names(model: onnx.ModelProto, trainable: Any) -> set[str]:
+def trainable_names(model: ir.Model, trainable: Any) -> set[str]:
     """The names of the tensors of ``model`` that ``trainable`` makes parameters: ``"weights"``
     (:func:`weights`), ``"all"`` (every floating-point initializer and ``Constant``),
     ``"none"``, a collection of names (each a floating-point initializer or ``Constant`` of the
