@@ -180,6 +180,14 @@ def uncaptured_operator_error() -> type[Exception]:
     return UncapturedHigherOrderOpError
 
 
+def dynamo_user_error() -> type[Exception]:
+    """The error TorchDynamo raises for what the user's code asks that it cannot trace (a guard
+    on a value computed from the data, inside the branches of ``torch.cond``)."""
+    from torch._dynamo.exc import UserError
+
+    return UserError
+
+
 def scan_operator() -> Any:
     """torch's own ``scan`` operator, which TorchDynamo captures as one loop and Inductor
     compiles as a loop (torch has no public ``scan``)."""
@@ -842,6 +850,11 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "torch._dynamo.exc",
         "UncapturedHigherOrderOpError",
         "name the line of a torch.cond in a step whose branches TorchDynamo could not trace",
+    ),
+    PrivateSymbol(
+        "torch._dynamo.exc",
+        "UserError",
+        "name the If of an imported model whose branches torch.cond cannot trace",
     ),
     PrivateSymbol(
         "torch.fx.proxy",

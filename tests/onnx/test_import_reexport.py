@@ -6,12 +6,15 @@ holding ``Constant`` nodes, ``TopK``; the rest are the export tests' ``check_ree
 from __future__ import annotations
 
 import io
+import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper
+import pytest
 import torch
 
 import torchscan
@@ -203,3 +206,142 @@ def test_an_output_that_is_a_constant_of_the_model_is_a_copy() -> None:
     module = torchscan.onnx.to_torch(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
     module().add_(10)
     torch.testing.assert_close(module(), torch.tensor([1.0, 2.0]))
+
+
+JAX2ONNX = Path(__file__).parent / "data" / "jax2onnx"
+
+
+def _jax2onnx_models() -> list[str]:
+    return sorted(json.loads((JAX2ONNX / "manifest.json").read_text()))
+
+
+@pytest.mark.parametrize("name", _jax2onnx_models())
+def test_a_jax2onnx_model_exports_again_with_its_loops_and_branches(name: str) -> None:
+    """jax2onnx's ``Loop`` and ``If`` nodes, imported and exported again, are the same nodes,
+    and onnxruntime computes with the export what it computes with jax2onnx's model."""
+    manifest = json.loads((JAX2ONNX / "manifest.json").read_text())
+    model = onnx.load(JAX2ONNX / name)
+    arrays = np.load(JAX2ONNX / manifest[name]["data"][0])
+    inputs = [arrays[f"input_{i}"] for i in range(len(model.graph.input))]
+    module = torchscan.onnx.to_torch(model).eval()
+    again = onnx_export(module, tuple(torch.from_numpy(i) for i in inputs), dynamo=True)
+    kinds = ("Scan", "Loop", "If")
+    assert sorted(n.op_type for n in again.model_proto.graph.node if n.op_type in kinds) == sorted(
+        n.op_type for n in model.graph.node if n.op_type in kinds
+    )
+    _agree(model, again.model_proto, inputs)
+
+
+# What torch.export cannot trace, refused naming the node
+
+I64 = onnx.TensorProto.INT64
+
+
+def _model(nodes: list, inputs: list, outputs: list, initializers: list) -> onnx.ModelProto:
+    graph = oh.make_graph(nodes, "g", inputs, outputs, initializers)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def _ints(**values: list[int] | int) -> list[onnx.TensorProto]:
+    return [onnx.numpy_helper.from_array(np.array(v, np.int64), k) for k, v in values.items()]
+
+
+def _scan_over_a_range_of_the_data() -> onnx.ModelProto:
+    """A Scan over ``xs`` and ``Range(0, sum(n))``: its length is a value of the data."""
+    body = oh.make_graph(
+        [oh.make_node("Add", ["s", "a"], ["t"]), oh.make_node("Add", ["t", "b"], ["s_out"])],
+        "body",
+        [oh.make_tensor_value_info(n, F, [1]) for n in ("s", "a", "b")],
+        [oh.make_tensor_value_info("s_out", F, [1])],
+    )
+    nodes = [
+        oh.make_node("ReduceSum", ["n"], ["total"], keepdims=0),
+        oh.make_node("Range", ["zero", "total", "one"], ["r"]),
+        oh.make_node("Cast", ["r"], ["rf"], to=F),
+        oh.make_node("Unsqueeze", ["rf", "last"], ["steps"]),
+        oh.make_node("Scan", ["s0", "steps", "xs"], ["s"], num_scan_inputs=2, body=body, name="sc"),
+    ]
+    return _model(
+        nodes,
+        [
+            oh.make_tensor_value_info("n", I64, ["B"]),
+            oh.make_tensor_value_info("s0", F, [1]),
+            oh.make_tensor_value_info("xs", F, ["T", 1]),
+        ],
+        [oh.make_tensor_value_info("s", F, [1])],
+        _ints(zero=0, one=1, last=[-1]),
+    )
+
+
+def _if_of_the_data_whose_branch_reads_sizes() -> onnx.ModelProto:
+    """``If(sum(x) > 0)`` whose then branch reshapes ``x`` to a shape computed from its size."""
+    then = oh.make_graph(
+        [
+            oh.make_node("Shape", ["x"], ["shape"]),
+            oh.make_node("Slice", ["shape", "start", "end"], ["batch"]),
+            oh.make_node("Concat", ["batch", "rest"], ["new"], axis=0),
+            oh.make_node("Reshape", ["x", "new"], ["t"]),
+        ],
+        "then",
+        [],
+        [oh.make_tensor_value_info("t", F, ["B", 6])],
+    )
+    other = oh.make_graph(
+        [oh.make_node("Flatten", ["x"], ["e"], axis=1)],
+        "else",
+        [],
+        [oh.make_tensor_value_info("e", F, ["B", 6])],
+    )
+    nodes = [
+        oh.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        oh.make_node("Constant", [], ["zero"], value_float=0.0),
+        oh.make_node("Greater", ["total", "zero"], ["c"]),
+        oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="branch"),
+    ]
+    return _model(
+        nodes,
+        [oh.make_tensor_value_info("x", F, ["B", 2, 3])],
+        [oh.make_tensor_value_info("y", F, ["B", 6])],
+        _ints(start=[0], end=[1], rest=[-1]),
+    )
+
+
+def _seeded_noise() -> onnx.ModelProto:
+    nodes = [
+        oh.make_node("RandomNormalLike", ["x"], ["r"], seed=3.0, name="noise"),
+        oh.make_node("Add", ["r", "x"], ["y"]),
+    ]
+    declared = [oh.make_tensor_value_info(n, F, ["B", 2]) for n in ("x", "y")]
+    return _model(nodes, declared[:1], declared[1:], [])
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "refusal"),
+    [
+        (
+            _scan_over_a_range_of_the_data,
+            (torch.tensor([1, 2]), torch.zeros(1), torch.ones(3, 1)),
+            r"node 'sc' \(Scan-16\) of the main graph: torch\.export cannot trace it: a size it "
+            r"needs depends on values computed from the data \(Could not guard",
+        ),
+        (
+            _if_of_the_data_whose_branch_reads_sizes,
+            (torch.randn(4, 2, 3),),
+            r"node 'branch' \(If-16\) of the main graph: torch\.export cannot trace it: its "
+            r"condition depends on the data, so its branches are traced by TorchDynamo",
+        ),
+        (
+            _seeded_noise,
+            (torch.randn(3, 2),),
+            r"node 'noise' \(RandomNormalLike-1\) of the main graph: torch\.export cannot trace "
+            r"it: its seed makes every run draw the same values",
+        ),
+    ],
+    ids=["size-from-data", "if-of-data", "seeded-random"],
+)
+def test_what_torch_export_cannot_trace_is_refused_naming_the_node(make, args, refusal) -> None:
+    module = torchscan.onnx.to_torch(make()).eval()
+    module(*args)  # (eagerly, it runs)
+    dims = ({0: torch.export.Dim("B")}, *(None for _ in args[1:]))  # (a dynamic batch)
+    with pytest.raises(Exception, match=refusal):
+        onnx_export(module, args, dynamo=True, dynamic_shapes=dims)

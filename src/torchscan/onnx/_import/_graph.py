@@ -208,6 +208,15 @@ class Graph:
                     "shapes and constants. The module runs it eagerly.",
                     not_implemented=True,
                 ) from None
+            except _compat.guard_on_data_dependent_error() as error:
+                if not torch.compiler.is_compiling() or torch.compiler.is_dynamo_compiling():
+                    raise
+                first = str(error).strip().splitlines()[0]
+                raise node.refuse(
+                    "torch.export cannot trace it: a size it needs depends on values computed "
+                    f"from the data ({first}). The module runs it eagerly.",
+                    not_implemented=True,
+                ) from error
             except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as error:
                 if torch.compiler.is_compiling():
                     raise  # torch's own errors of tracing, which it may handle

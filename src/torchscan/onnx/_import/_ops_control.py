@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from torchscan import _compat
 from torchscan._errors import OnnxImportError, TorchscanError
 from torchscan._loop import loop as torchscan_loop
 from torchscan._scan import scan as torchscan_scan
@@ -224,6 +225,15 @@ def if_(call: Call, cond: torch.Tensor) -> list[torch.Tensor]:
         # torch.cond's branches may not return their inputs or views of them: copies
         then_out = lambda: tuple(v.clone() for v in call.run_graph("then_branch", []))  # noqa: E731
         else_out = lambda: tuple(v.clone() for v in call.run_graph("else_branch", []))  # noqa: E731
-        return list(torch.cond(cond.reshape(()), then_out, else_out, ()))
+        try:
+            return list(torch.cond(cond.reshape(()), then_out, else_out, ()))
+        except (_compat.uncaptured_operator_error(), _compat.dynamo_user_error()) as error:
+            first = str(error).strip().splitlines()[0]
+            raise call.refuse(
+                "torch.export cannot trace it: its condition depends on the data, so its "
+                "branches are traced by TorchDynamo as torch.cond's, where sizes computed in "
+                f"a branch are not known in Python ({first}). The module runs it eagerly.",
+                not_implemented=True,
+            ) from None
     branch = "then_branch" if bool(cond) else "else_branch"
     return call.run_graph(branch, [])

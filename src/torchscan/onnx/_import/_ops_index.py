@@ -520,6 +520,13 @@ def _generator(call: Call) -> torch.Generator | None:
     """A generator seeded by the ``seed`` attribute (a float: its integer value, or its bits
     where it has a fraction), or ``None`` (torch's own) without one."""
     seed = call.attribute("seed")
+    if seed is not None and torch.compiler.is_compiling():
+        raise call.refuse(
+            "torch.export cannot trace it: its seed makes every run draw the same values, from a "
+            "generator of its own, which torch.onnx does not export. The module runs it "
+            "eagerly.",
+            not_implemented=True,
+        )
     if seed is None:
         return None
     seed = float(seed)
