@@ -106,12 +106,15 @@ def _used(node: ast.AST) -> str | None:
     return None
 
 
-def test_the_check_tool_reads_models_in_onnx_ir_outside_its_boundary() -> None:
+@pytest.mark.parametrize("part", ["check", "import"])
+def test_models_are_read_in_onnx_ir_outside_the_boundary(part: str) -> None:
+    """The check tool (``_check``) and ``to_torch`` (``_import``), each within its own list."""
+    folder, boundary = {"check": (CHECK, BOUNDARY), "import": (IMPORT, IMPORT_BOUNDARY)}[part]
     outside = [
         f"{path.name}:{line}: {used} (in {scope or 'the module'})"
-        for path in sorted(CHECK.glob("*.py"))
+        for path in sorted(folder.glob("*.py"))
         for scope, line, used in _protobuf_uses(path.read_text())
-        if scope not in BOUNDARY.get(path.name, set())
+        if scope not in boundary.get(path.name, set())
     ]
     assert outside == []
 
@@ -143,16 +146,6 @@ IMPORT_BOUNDARY = {
 }
 """Where ``torchscan.onnx.to_torch`` may refer to protobuf: the model is read into onnx_ir once,
 and compiled, weighed and checked from there."""
-
-
-def test_the_importer_reads_models_in_onnx_ir_outside_its_boundary() -> None:
-    outside = [
-        f"{path.name}:{line}: {used} (in {scope or 'the module'})"
-        for path in sorted(IMPORT.glob("*.py"))
-        for scope, line, used in _protobuf_uses(path.read_text())
-        if scope not in IMPORT_BOUNDARY.get(path.name, set())
-    ]
-    assert outside == []
 
 
 @pytest.mark.parametrize(

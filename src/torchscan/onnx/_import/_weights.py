@@ -127,14 +127,15 @@ def _sources(model: ir.Model) -> dict[str, tuple[ir.Value, ir.TensorProtocol]]:
     return found
 
 
-def candidates(model: ir.Model) -> dict[str, torch.Tensor]:
+def candidates(model: ir.Model) -> dict[str, tuple[ir.Value, torch.Tensor]]:
     """The floating-point tensors of ``model`` that could be weights, by name: its initializers
-    (in every graph) and the ``value`` of its ``Constant`` nodes."""
+    (in every graph) and the ``value`` of its ``Constant`` nodes, each with the value the graph
+    reads it as."""
     found = {}
-    for name, (_, tensor) in _sources(model).items():
+    for name, (read, tensor) in _sources(model).items():
         value = torch_tensor(tensor)
         if value is not None and (value.is_floating_point() or value.is_complex()):
-            found[name] = value
+            found[name] = (read, value)
     return found
 
 
@@ -149,15 +150,15 @@ def state_kind(tensor: ir.TensorProtocol) -> str | None:
     return kind
 
 
-def weights(model: ir.Model) -> set[str]:
-    """The names of the tensors of ``model`` that the rule of this module's docstring makes
-    weights: the module's parameters where the file says which tensors they were."""
+def weights(model: ir.Model, floating: dict[str, tuple[ir.Value, torch.Tensor]]) -> set[str]:
+    """The names of the tensors of ``model`` (its :func:`candidates`, ``floating``) that the
+    rule of this module's docstring makes weights: the module's parameters where the file says
+    which tensors they were."""
     kinds = {
         _ir.name_of(v): state_kind(v.const_value)
         for v in model.graph.initializers.values()
         if v.const_value is not None
     }
-    floating = candidates(model)
     if any(kind is not None for kind in kinds.values()):
         return {name for name, kind in kinds.items() if kind == "PARAMETER"} & set(floating)
 
@@ -186,12 +187,11 @@ def weights(model: ir.Model) -> set[str]:
         # a schedule read at a step (an embedding table is of rank 2)
         return op == "Gather" and position == 0 and direct and rank == 1
 
-    sources = _sources(model)
     found = set()
-    for name, tensor in floating.items():
+    for name, (value, tensor) in floating.items():
         if tensor.numel() <= 1 or not bool(torch.isfinite(tensor).all()):
             continue
-        read = list(uses(sources[name][0], set()))
+        read = list(uses(value, set()))
         computed = any(op not in _HOLDERS for op, _, _ in read)  # (else an output as it is)
         if computed and not any(constant(op, at, direct, tensor.dim()) for op, at, direct in read):
             found.add(name)
@@ -206,7 +206,7 @@ def trainable_names(model: ir.Model, trainable: Any) -> set[str]:
     floating = candidates(model)
     if isinstance(trainable, str):
         if trainable == "weights":
-            return weights(model)
+            return weights(model, floating)
         if trainable == "all":
             return set(floating)
         if trainable == "none":
@@ -216,7 +216,7 @@ def trainable_names(model: ir.Model, trainable: Any) -> set[str]:
             f"predicate, but got {trainable!r}"
         )
     if callable(trainable):
-        return {name for name, value in floating.items() if trainable(name, value)}
+        return {name for name, (_, value) in floating.items() if trainable(name, value)}
     if isinstance(trainable, Collection):
         names = list(trainable)
         if not all(isinstance(n, str) for n in names):
