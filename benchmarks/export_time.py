@@ -117,7 +117,7 @@ def main() -> None:
 def conversion_time(model, inputs, dynamic_shapes, args) -> None:
     """The part of an export below opset 18 that is torchscan's conversion: the scan model as
     torch.onnx builds and optimizes it at opset 18, converted to the asked opset."""
-    from torchscan.onnx import _convert
+    from torchscan.onnx._export import _convert
 
     built = torch.onnx.export(
         model, inputs, opset_version=18, dynamic_shapes=dynamic_shapes, verbose=False

@@ -131,14 +131,14 @@ def test_an_export_imports_neither_the_check_tool_nor_rich() -> None:
         [sys.executable, "-c", EXPORT], capture_output=True, text=True, check=True
     )
     loaded = set(eval(result.stdout.strip().splitlines()[-1]))
-    assert "torchscan.onnx._hooks" in loaded  # the export did go through torchscan
+    assert "torchscan.onnx._export._hooks" in loaded  # the export did go through torchscan
     assert "rich" not in loaded
     assert not [m for m in loaded if m.startswith("torchscan.onnx._check")]
 
 
 def test_lazy_names_of_the_onnx_package_resolve() -> None:
     from torchscan.onnx._check._compare import check
-    from torchscan.onnx._convert import OpsetConversionError
+    from torchscan.onnx._export._convert import OpsetConversionError
 
     assert torchscan.onnx.check is check
     assert torchscan.onnx.OpsetConversionError is OpsetConversionError
@@ -149,13 +149,15 @@ def test_export_options_belong_to_their_context() -> None:
     seen = []
     with torchscan.onnx.export_options(hoist_loop_invariants=False):
         thread = threading.Thread(
-            target=lambda: seen.append(torchscan.onnx._options.current().hoist_loop_invariants)
+            target=lambda: seen.append(
+                torchscan.onnx._export._options.current().hoist_loop_invariants
+            )
         )
         thread.start()
         thread.join()
-        assert not torchscan.onnx._options.current().hoist_loop_invariants
+        assert not torchscan.onnx._export._options.current().hoist_loop_invariants
     assert seen == [True]
-    assert torchscan.onnx._options.current().hoist_loop_invariants
+    assert torchscan.onnx._export._options.current().hoist_loop_invariants
 
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
@@ -259,3 +261,124 @@ def test_the_eager_layers_import_neither_onnx_nor_onnxruntime() -> None:
                 f"{name}: {n}" for n in names if n.split(".")[0] in ("onnx", "onnxruntime")
             ]
     assert offenders == []
+
+
+ONNX_TOP_LEVEL = {
+    "__init__.py",
+    "_ir.py",
+    "_opsets.py",
+    "_schema_diff.py",
+    "_files.py",
+    "_extra.py",
+}
+"""What ``onnx/`` keeps at its top level: the package's names and what export, check and import
+share. Everything else is in the folder of its layer."""
+
+
+def test_each_onnx_layer_is_one_folder() -> None:
+    onnx_rows = {
+        layer: paths
+        for layer, paths in _layer_table()
+        if any(p.startswith("onnx/") for p in paths) and layer not in ("package names",)
+    }
+    shared = "ONNX foundations"
+    for layer, paths in onnx_rows.items():
+        if layer == shared:
+            assert {p.removeprefix("onnx/") for p in paths} == ONNX_TOP_LEVEL - {"__init__.py"}
+        else:
+            assert len(paths) == 1, (layer, paths)
+            assert paths[0].endswith("/"), (layer, paths)
+    top = {p.name for p in (PACKAGE / "onnx").iterdir() if p.suffix == ".py"}
+    assert top == ONNX_TOP_LEVEL
+
+
+def _edges_into(graph: dict[str, set[str]], sources: tuple[str, ...], target: str) -> list[str]:
+    return sorted(
+        f"{module} imports {imported}"
+        for module, imports in graph.items()
+        if module.startswith(sources)
+        for imported in imports
+        if imported.startswith(target)
+    )
+
+
+def test_neither_the_importer_nor_the_check_tool_imports_the_export() -> None:
+    sources = ("torchscan.onnx._import", "torchscan.onnx._check", "torchscan.onnx._lint")
+    assert _edges_into(_import_graph(), sources, "torchscan.onnx._export") == []
+
+
+def test_the_edge_rule_finds_an_edge() -> None:
+    graph = {"torchscan.onnx._check._x": {"torchscan.onnx._export._passes"}}
+    assert _edges_into(graph, ("torchscan.onnx._check",), "torchscan.onnx._export") == [
+        "torchscan.onnx._check._x imports torchscan.onnx._export._passes"
+    ]
+
+
+CONTEXT_RULES = {
+    # what: (how it is found in a module's code, the modules allowed to)
+    "creates a ContextVar": (
+        lambda node: _called(node) == "ContextVar",
+        {"_context.py", "onnx/_export/_options.py"},
+    ),
+    "reads torch.compiler.is_*": (
+        lambda node: (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("is_")
+            and ast.unparse(node.value) == "torch.compiler"
+        ),
+        {"_context.py"},
+    ),
+    # setattr on torch's objects: the hooks' installers, and what _compat lists; elsewhere, on
+    # objects of torchscan's own or of the user's converted function
+    "calls setattr": (
+        lambda node: _called(node) == "setattr",
+        {
+            "_torch_onnx_hook.py",  # torch.onnx.export, wrapped
+            "onnx/_export/_hooks.py",  # torch.onnx's exporter, hooked
+            "_compat.py",  # TorchDynamo's config for one call; its mark on a function
+            "_traced/_step_errors.py",  # the step kept with a body torchscan made
+            "_autoloop/__init__.py",  # the converted function's attributes, as functools.wraps
+            "_autoloop/_rewrite.py",  # an ast node of the rewritten source
+            "onnx/_check/_ort.py",  # onnxruntime's RunOptions, to stop a run
+        },
+    ),
+}
+"""The context of a call is asked in one place (``_context.py``): no other module keeps state of
+its own in a context variable or asks torch what traces it."""
+
+
+def _called(node: ast.AST) -> str | None:
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def _context_offenders(sources: dict[str, str]) -> list[str]:
+    return sorted(
+        f"{name}:{node.lineno} {what}"
+        for name, source in sources.items()
+        for what, (finds, allowed) in CONTEXT_RULES.items()
+        if name not in allowed
+        for node in ast.walk(ast.parse(source))
+        if finds(node)
+    )
+
+
+def test_only_the_context_module_asks_what_traces_a_call() -> None:
+    sources = {
+        path.relative_to(PACKAGE).as_posix(): path.read_text() for path in PACKAGE.rglob("*.py")
+    }
+    assert _context_offenders(sources) == []
+
+
+def test_the_context_rules_find_their_forms() -> None:
+    source = (
+        "import contextvars\nv = contextvars.ContextVar('v')\n"
+        "if torch.compiler.is_compiling():\n    setattr(torch, 'x', 1)\n"
+    )
+    assert _context_offenders({"_x.py": source}) == [
+        "_x.py:2 creates a ContextVar",
+        "_x.py:3 reads torch.compiler.is_*",
+        "_x.py:4 calls setattr",
+    ]

@@ -137,7 +137,11 @@ def test_the_wheel_names_the_project_urls(wheel: zipfile.ZipFile) -> None:
 
 def test_the_wheel_holds_the_package_and_its_marker(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    assert {"torchscan/__init__.py", "torchscan/py.typed", "torchscan/onnx/_hooks.py"} <= names
+    assert {
+        "torchscan/__init__.py",
+        "torchscan/py.typed",
+        "torchscan/onnx/_export/_hooks.py",
+    } <= names
     assert not [n for n in names if n.startswith(("tests/", "docs/", "benchmarks/"))]
 
 

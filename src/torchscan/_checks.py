@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchscan import _pytree
+from torchscan import _context, _pytree
 from torchscan._compat import run_untraced_by_dynamo
 from torchscan._errors import ExportError, TorchscanTypeError, TorchscanValueError
 from torchscan._source import StepSource
@@ -54,7 +54,7 @@ def check_parameters(api: str, name: str, fn: Any, call: str, meaning: str, reme
     """Refuse a step function that cannot be called with two positional arguments, as ``api``
     calls it: ``call`` (``fn(carry, x)``), ``meaning`` what the arguments are, ``remedy`` how
     to write it. A callable whose signature cannot be read (a builtin) is called as it is."""
-    if torch.compiler.is_dynamo_compiling():  # TorchDynamo's own error, as for any call
+    if _context.dynamo_tracing():  # TorchDynamo's own error, as for any call
         return
     # a function's parameters are those of its code (read once per code: the check runs at
     # every call, that of a plan reused too)
@@ -100,7 +100,7 @@ def refuse_strict_export(api: str) -> None:
     """TorchDynamo, which ``torch.export.export(..., strict=True)`` runs, has no support for
     torchscan's operators: refused before it traces the step function, which can take minutes
     (torch.onnx.export tries strict mode again after a failed non-strict export)."""
-    if torch.compiler.is_dynamo_compiling() and torch.compiler.is_exporting():
+    if _context.dynamo_tracing() and _context.exporting():
         _refuse_strict_export(api)
 
 

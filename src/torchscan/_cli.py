@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from torchscan._errors import TorchscanValueError
+from torchscan._errors import TorchscanValueError, reduce_error
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -34,6 +34,8 @@ DEFAULT_TIMEOUT = 60.0
 
 class _UsageError(Exception):
     """Options that argparse refuses; raised in place of its exit, so that ``--json`` is kept."""
+
+    __reduce__ = reduce_error
 
     def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
         super().__init__(message)

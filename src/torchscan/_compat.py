@@ -47,6 +47,8 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.fx.proxy import _register_stack_trace_anchor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from torchscan import _context
+
 if TYPE_CHECKING:  # imported where first needed, as the modules below say
     from torch._export.non_strict_utils import (
         _NonStrictTorchFunctionHandler as NonStrictTorchFunctionHandler,
@@ -363,7 +365,7 @@ def runs_eagerly(tensors: Any) -> bool:
     torch.compile is tracing it, no dispatch mode (the tracer's proxies, fake tensors,
     functionalization) is active, and every tensor is a plain tensor or parameter, not a fake or
     functional one."""
-    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+    if _context.exporting() or _context.compiling():
         return False
     if _get_current_dispatch_mode() is not None:
         return False
@@ -392,7 +394,7 @@ def untraced() -> bool:
     """Whether the caller runs as plain Python on tensors: no torch.compile, torch.export,
     torch.jit trace, dispatch mode (make_fx's proxies, fake tensors) or torch.func transform."""
     return not (
-        torch.compiler.is_compiling()
+        _context.compiling()
         or _is_tracing()
         or _dispatch_stack_depth()
         or _functorch_transforms_active()
@@ -974,7 +976,7 @@ TEXT_DEPENDENCIES: tuple[TextDependency, ...] = (
         "onnx-signature-warning",
         ONNX_SIGNATURE_WARNING[0],
         ONNX_SIGNATURE_WARNING[1],
-        "torchscan.onnx._hooks._drop_signature_warning",
+        "torchscan.onnx._export._hooks._drop_signature_warning",
         "silence the warning that torchscan's translations take no ONNX signature",
     ),
     TextDependency(

@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from torchscan import _compat, _compiled_hoist, _eager, _inplace, _pytree
+from torchscan import _compat, _compiled_hoist, _context, _eager, _inplace, _pytree
 from torchscan._eager import device_of
 from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._steps import Protocol
@@ -205,7 +205,7 @@ def first_step(
     into an argument or a tensor from outside the step asks TorchDynamo for a graph break, so
     that the eager loop's checks run (and refuse it, or run it as Python does).
     """
-    if not torch.compiler.is_dynamo_compiling():
+    if not _context.dynamo_tracing():
         # the step itself untraced too: TorchDynamo would compile its frame, and the checks
         # would see the compiled graph's operations instead of the step's
         unchecked = cast(Callable[[Any], Any], torch.compiler.disable(checked))

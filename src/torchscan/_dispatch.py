@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from torchscan import _compiled, _eager, _hoist, _outputs, _torch_onnx_hook, _traced
+from torchscan import _compiled, _context, _eager, _hoist, _outputs, _torch_onnx_hook, _traced
 from torchscan._plan import LoopPlan, ScanPlan
 
 Strategy = Literal["traced", "empty", "compiled", "hoisted", "eager"]
@@ -35,13 +35,13 @@ def traced() -> bool:
     """Whether a loop called now is traced: torch.export traces the model (``torch.onnx.export``
     does), or a step runs on fake tensors for its shapes. Its tensors then have no values to
     read."""
-    return torch.compiler.is_exporting() or _outputs.probing_shapes()
+    return _context.exporting() or _outputs.probing_shapes()
 
 
 def compiling() -> bool:
     """Whether ``torch.compile`` or ``torch.export`` traces the call now: its tensors have no
     values to read either."""
-    return torch.compiler.is_compiling()
+    return _context.compiling()
 
 
 def choose(plan: ScanPlan | LoopPlan) -> Strategy:
@@ -49,7 +49,7 @@ def choose(plan: ScanPlan | LoopPlan) -> Strategy:
     compiles it."""
     if traced():
         return "traced"
-    compiling_now = torch.compiler.is_dynamo_compiling()
+    compiling_now = _context.dynamo_tracing()
     if isinstance(plan, ScanPlan):
         if plan.length == 0:
             return "empty"

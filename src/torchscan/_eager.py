@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _pytree, _steps, _traced
+from torchscan import _context, _pytree, _steps, _traced
 from torchscan._errors import TorchscanValueError
 from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._until import Until
@@ -104,7 +104,7 @@ def scan_no_step(plan: ScanPlan) -> tuple[Any, Any]:
         plan.xs_spec,
     )
     init, protocol = plan.carry.init, plan.protocol
-    if torch.compiler.is_dynamo_compiling():
+    if _context.dynamo_tracing():
         # Traced for its shapes only: the compiler drops the computation.
         zeros = [None if t is None else torch.zeros_like(t) for t in _pytree.tree_leaves(fake_x)]
         out = plan.fn(init, _pytree.tree_unflatten(zeros, plan.xs_spec))
@@ -142,7 +142,7 @@ def loop_no_iteration(plan: LoopPlan) -> tuple[Any, Any]:
     """``init``, and ``ys`` of length 0 with the shapes ``body`` would give them."""
     i = torch.zeros((), dtype=torch.int64, device=device_of(plan.carry.leaves))
     protocol, init = plan.protocol, plan.carry.init
-    if torch.compiler.is_dynamo_compiling():
+    if _context.dynamo_tracing():
         out = plan.body(i, init)  # traced for its shapes only: the compiler drops it
     else:
         out = protocol.outputs.call_on_fake(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 from collections.abc import Iterator
+from typing import Any
 
 __all__ = [
     "ExportError",
@@ -45,24 +46,30 @@ class TorchscanError(Exception):
     def args(self, value: tuple[object, ...]) -> None:
         pass
 
-    def __reduce__(self) -> tuple[object, ...]:
-        # Rebuilt without calling ``__init__`` (whose parameters differ between classes), with
-        # the message and the attributes that pickle: an error raised in a worker process
-        # (multiprocessing, DataLoader, DDP) reaches the parent as what it is. An attribute
-        # that does not pickle (the user's step function, a lambda) is left out.
-        state = {}
-        for name, value in vars(self).items():
-            try:
-                pickle.dumps(value)
-            except Exception:
-                continue
-            state[name] = value
-        return (_rebuild, (type(self), BaseException.args.__get__(self), state))  # type: ignore[attr-defined]
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        return reduce_error(self)
+
+
+def reduce_error(self: BaseException) -> str | tuple[Any, ...]:
+    """What pickles the error ``self``, as an exception class's ``__reduce__`` (``__reduce__ =
+    reduce_error``): rebuilt without calling ``__init__`` (whose parameters differ between
+    classes), with the message and the attributes that pickle, so that an error raised in a
+    worker process (multiprocessing, DataLoader, DDP, the check tool's child process) reaches
+    the parent as what it is. An attribute that does not pickle (the user's step function, a
+    lambda, an argument parser) is left out."""
+    state = {}
+    for name, value in vars(self).items():
+        try:
+            pickle.dumps(value)
+        except Exception:
+            continue
+        state[name] = value
+    return (_rebuild, (type(self), BaseException.args.__get__(self), state))  # type: ignore[attr-defined]
 
 
 def _rebuild(
-    cls: type[TorchscanError], args: tuple[object, ...], state: dict[str, object]
-) -> TorchscanError:
+    cls: type[BaseException], args: tuple[object, ...], state: dict[str, object]
+) -> BaseException:
     """An error of class ``cls`` with ``args`` and the attributes ``state``, as pickled."""
     error = cls.__new__(cls)
     BaseException.args.__set__(error, args)  # type: ignore[attr-defined]

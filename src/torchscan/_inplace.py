@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchscan import _context
 from torchscan._errors import TorchscanValueError
 from torchscan._source import StepSource, is_users
 
@@ -75,7 +76,7 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.compiler.is_dynamo_compiling():
+        if _context.dynamo_tracing():
             # TorchDynamo traces torch.cond's branches through this mode: nothing to record
             # there, and versions it cannot read
             return func(*args, **kwargs)

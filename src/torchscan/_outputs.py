@@ -7,7 +7,6 @@ a step is named in messages (``xs index 3``, ``iteration 3``).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import logging
 import traceback
@@ -16,7 +15,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from torchscan import _checks, _pytree
+from torchscan import _checks, _context, _pytree
 from torchscan._errors import TorchscanError, TorchscanTypeError, TorchscanValueError
 from torchscan._layout import OutLayout
 
@@ -151,10 +150,10 @@ class Outputs:
         fake_mode = _compat.FakeTensorMode(
             allow_non_fake_inputs=True, shape_env=_compat.shape_env(), static_shapes=True
         )
-        token = _probing.set(True)
         reads_values: BaseException | None = None
         try:
             with (
+                _context.probing(_context.Probe.SHAPES),
                 torch.no_grad(),
                 fake_mode as mode,
                 _compat.non_strict_torch_function_handler()(),
@@ -173,8 +172,6 @@ class Outputs:
             if real is None:
                 raise self._fake_call_failed(why, error) from error
             reads_values = error
-        finally:
-            _probing.reset(token)  # also where the fake tensors could not be made
         assert real is not None
         assert reads_values is not None
         return self._call_on_zeros(why, real, args, reads_values)
@@ -244,18 +241,15 @@ def _users_line(error: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-_probing = contextvars.ContextVar("torchscan_probing_shapes", default=False)
-
-
 def probing_shapes() -> bool:
     """Whether a function is being called on fake tensors to learn the shapes of its outputs.
     A scan or loop it calls then finds its own output shapes as under ``torch.export``: by
     calling its body once, instead of running it on values that fake tensors do not have."""
-    if torch.compiler.is_compiling():
+    if _context.compiling():
         # Dynamo cannot read a context variable, and a probe never runs in a compiled graph: it
         # makes fake tensors of its own, which Dynamo leaves to eager code.
         return False
-    return _probing.get()
+    return bool(_context.probe(_context.Probe.SHAPES))
 
 
 def _fits(axis: int, leaf: torch.Tensor) -> bool:

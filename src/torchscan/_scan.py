@@ -7,7 +7,7 @@ from typing import Any, SupportsIndex, TypeVar, overload
 
 import torch
 
-from torchscan import _checks, _dispatch, _layout, _lengths, _outputs, _pytree, _steps
+from torchscan import _checks, _context, _dispatch, _layout, _lengths, _outputs, _pytree, _steps
 from torchscan._errors import TorchscanTypeError
 from torchscan._plan import ScanPlan, arguments_key
 from torchscan._until import Until
@@ -297,7 +297,7 @@ def scan_in_order(
     _checks.check_int(_API, "batch_axis", batch_axis)
     if lengths is not None:
         plan = _lengths.masked(plan, lengths, batch_axis)
-    elif options is not None and not torch.compiler.is_compiling():
+    elif options is not None and not _context.compiling():
         key = arguments_key(options, (carry.spec, carry.leaves), (xs_spec, xs_leaves))
         if key is not None:  # a later call with arguments like these reuses the plan
             if len(_checked) >= _CHECKED_SIZE:
@@ -323,7 +323,7 @@ def _run_checked(fn: Any, init: Any, xs: Any, options: tuple[Any, ...]) -> Any:
     ``xs`` not a ``PackedSequence``, ``hoist`` a bool or ``None``, ...) passed the checks
     before: its plan is theirs with its values; ``None`` where the call is to be checked."""
     # torch documents torch.jit.is_tracing, but leaves it out of torch.jit.__all__
-    if not callable(fn) or torch.compiler.is_compiling() or torch.jit.is_tracing():  # pyright: ignore[reportPrivateImportUsage]
+    if not callable(fn) or _context.compiling() or torch.jit.is_tracing():  # pyright: ignore[reportPrivateImportUsage]
         return None  # checked in full: refused, or traced with symbolic sizes
     xs_leaves, xs_spec = _pytree.tree_flatten(xs)
     init_leaves, init_spec = _pytree.tree_flatten(init)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _checks, _inplace, _outputs, _pytree
+from torchscan import _checks, _context, _inplace, _outputs, _pytree
 from torchscan._errors import TorchscanTypeError, TorchscanValueError
 from torchscan._layout import OutLayout
 from torchscan._until import Until, until
@@ -130,9 +130,9 @@ class Protocol:
         step = call if step is None else step
         # TorchDynamo, compiling the loop, keeps eager semantics itself and cannot read
         # versions; inference tensors have none.
-        watching = not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled())
+        watching = not (_context.compiling() or torch.is_inference_mode_enabled())
         allowed: tuple[int, ...] = ()
-        if torch.compiler.is_compiling():
+        if _context.compiling():
             out = call(carry, first)
         else:
             originals = (carry, first)

@@ -4,7 +4,8 @@ they are used.
 ``import torchscan`` calls :func:`install_export_hooks` unless the environment variable
 ``TORCHSCAN_PATCH_TORCH_ONNX`` is ``0`` (:func:`install_at_import`), which wraps
 ``torch.onnx.export``, and installs torchscan's translations and version conversion into
-torch.onnx's internals (``torchscan.onnx._hooks``) as soon as torch.onnx loads its exporter. Each
+torch.onnx's internals (``torchscan.onnx._export._hooks``) as soon as torch.onnx loads its
+exporter. Each
 is done at once where its module is loaded already, else right after the module is imported (by
 a finder placed first in ``sys.meta_path``, which leaves once both are done): torch.onnx when
 ``torch.onnx`` is first read, its exporter at the first export. So ``import torchscan`` imports
@@ -27,9 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-from torchscan import _compat
+from torchscan import _compat, _context
 from torchscan._errors import TorchscanError, TorchscanValueError
-from torchscan._traced import _step_errors
 
 ENVIRONMENT_VARIABLE = "TORCHSCAN_PATCH_TORCH_ONNX"
 _ON = ("1", "true", "yes", "on")
@@ -182,17 +182,15 @@ def _export_with_hooks(export: Callable[..., Any], args: Sequence[Any], kwargs: 
             # torch.onnx's public way in; the user's own entries win
             user_table = kwargs.get("custom_translation_table") or {}
             kwargs["custom_translation_table"] = {**hooks.translations(), **user_table}
-        target = _step_errors.target_opset.set(
-            kwargs.get("opset_version") or _compat.onnx_default_opset()
-        )
         try:
-            return export(*args, **kwargs)
+            with _context.exporting_to_onnx(
+                kwargs.get("opset_version") or _compat.onnx_default_opset()
+            ):
+                return export(*args, **kwargs)
         except Exception as error:
             cause = _torchscan_cause(error)
             if cause is None or cause is error:
                 raise
-        finally:
-            _step_errors.target_opset.reset(target)
         # torch.onnx wraps what failed while tracing in its own error after trying other
         # strategies; torchscan's message already says what is wrong and what to do. Raised
         # outside the handler, so that torch.onnx's error, which holds the refusal, does not
@@ -265,27 +263,28 @@ def install_if_exporting(api: str) -> Callable[[str, Sequence[tuple[str, Any]]],
     torch_onnx = sys.modules.get(_TORCH_ONNX)
     if torch_onnx is None or not torch_onnx.is_in_onnx_export():
         return None
-    opset = _step_errors.target_opset.get()
+    export = _context.onnx_export()
+    opset = export.target_opset if export is not None else None
     if opset is None and not _installed:
         return None
     install_onnx_hooks()
     if opset is None:
         return None
-    from torchscan.onnx import _element_types
+    from torchscan.onnx._export import _element_types
 
     return functools.partial(_element_types.check_leaf_types, api, opset)
 
 
 def install_onnx_hooks() -> ModuleType:
     """Install torchscan's hooks in torch.onnx; return the module that holds them."""
-    from torchscan.onnx import _hooks
+    from torchscan.onnx._export import _hooks
 
     _hooks.install()
     return _hooks
 
 
 def _uninstall_onnx_hooks() -> None:
-    hooks = sys.modules.get("torchscan.onnx._hooks")
+    hooks = sys.modules.get("torchscan.onnx._export._hooks")
     if hooks is not None:
         hooks.uninstall()
 

@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import torchscan
-from torchscan.onnx._check._lint import lint
+from torchscan.onnx._lint._driver import lint
 
 from .._export import onnx_export
 from ..onnx._runtimes import run_onnxruntime, run_reference

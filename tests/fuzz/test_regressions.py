@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchscan
-from torchscan.onnx._check._lint import lint
+from torchscan.onnx._lint._driver import lint
 
 from .._export import onnx_export
 from ..onnx._runtimes import run_onnxruntime, run_reference

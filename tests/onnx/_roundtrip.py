@@ -9,7 +9,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torchscan.onnx import loop_version, scan_version, to_torch
-from torchscan.onnx._check._lint import lint
+from torchscan.onnx._lint._driver import lint
 
 from ._models import Case
 from ._runtimes import (

@@ -16,7 +16,8 @@ from onnx import TensorProto
 from onnx import helper as oh
 
 import torchscan.onnx
-from torchscan.onnx._check import _load, _runtimes
+from torchscan.onnx._check import _runtimes
+from torchscan.onnx._lint import _load
 
 CHECK = Path(torchscan.onnx.__file__).parent / "_check"
 
@@ -40,6 +41,19 @@ PROTO_METHODS = frozenset(
 """Methods that only protobuf messages have: a call of one reads or writes a proto."""
 
 BOUNDARY = {
+    # the public API takes a ModelProto, and hands it to _lint._load
+    "_compare.py": {"check", "_check"},
+    # the test_data_set_* .pb files are protobuf by nature
+    "_inputs.py": {"_read_proto"},
+    # the runtime: onnx.reference hands its operators NodeProtos
+    "_reference_ops.py": {"_empty_stacks"},
+}
+"""Where the check tool may refer to protobuf: module -> the functions and classes (at the top
+level of the module) that may."""
+
+LINT = CHECK.parent / "_lint"
+
+LINT_BOUNDARY = {
     "_load.py": {
         # (the file, bytes or proto read by torchscan.onnx._files, which import shares)
         # shape inference (onnx's C++, on protobuf), and the one reading into onnx_ir
@@ -50,17 +64,10 @@ BOUNDARY = {
         "_deserialize",
         "_mark_untyped_tensors",
     },
-    # the public API takes a ModelProto, and hands it to _load
-    "_compare.py": {"check", "_check"},
     # the lint of a proto, for callers that hold one: inferred and read by _load first
-    "_lint.py": {"lint"},
-    # the test_data_set_* .pb files are protobuf by nature
-    "_inputs.py": {"_read_proto"},
-    # the runtime: onnx.reference hands its operators NodeProtos
-    "_reference_ops.py": {"_empty_stacks"},
+    "_driver.py": {"lint"},
 }
-"""Where the check tool may refer to protobuf: module -> the functions and classes (at the top
-level of the module) that may."""
+"""Where the lint may refer to protobuf."""
 
 
 def _protobuf_uses(source: str) -> list[tuple[str, int, str]]:
@@ -106,10 +113,15 @@ def _used(node: ast.AST) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("part", ["check", "import"])
+@pytest.mark.parametrize("part", ["check", "lint", "import"])
 def test_models_are_read_in_onnx_ir_outside_the_boundary(part: str) -> None:
-    """The check tool (``_check``) and ``to_torch`` (``_import``), each within its own list."""
-    folder, boundary = {"check": (CHECK, BOUNDARY), "import": (IMPORT, IMPORT_BOUNDARY)}[part]
+    """The check tool (``_check``), the lint (``_lint``) and ``to_torch`` (``_import``), each
+    within its own list."""
+    folder, boundary = {
+        "check": (CHECK, BOUNDARY),
+        "lint": (LINT, LINT_BOUNDARY),
+        "import": (IMPORT, IMPORT_BOUNDARY),
+    }[part]
     outside = [
         f"{path.name}:{line}: {used} (in {scope or 'the module'})"
         for path in sorted(folder.glob("*.py"))
@@ -121,7 +133,7 @@ def test_models_are_read_in_onnx_ir_outside_the_boundary(part: str) -> None:
 
 def test_every_boundary_function_exists_and_uses_protobuf() -> None:
     """The list of the boundary is no larger than it needs to be."""
-    for folder, boundary in ((CHECK, BOUNDARY), (IMPORT, IMPORT_BOUNDARY)):
+    for folder, boundary in ((CHECK, BOUNDARY), (LINT, LINT_BOUNDARY), (IMPORT, IMPORT_BOUNDARY)):
         for module, allowed in boundary.items():
             uses = {scope for scope, _, _ in _protobuf_uses((folder / module).read_text())}
             assert allowed <= uses, (module, allowed - uses)

@@ -18,7 +18,7 @@ import torchscan
 import torchscan.onnx
 from torchscan.onnx._check import _random_ops
 from torchscan.onnx._check._random_ops import RANDOM_OPS
-from torchscan.onnx._check._report import NO_BASELINE
+from torchscan.onnx._lint._report import NO_BASELINE
 
 from .._export import onnx_export
 

@@ -19,8 +19,9 @@ from torch._higher_order_ops.scan import scan as hop_scan
 
 import torchscan
 import torchscan.onnx
-from torchscan.onnx._check import _diff, _inputs, _load, _random
-from torchscan.onnx._check._report import CheckedNode
+from torchscan.onnx._check import _diff, _inputs, _random
+from torchscan.onnx._lint import _load
+from torchscan.onnx._lint._report import CheckedNode
 
 from .._export import onnx_export
 

@@ -1,4 +1,4 @@
-"""``torchscan.onnx._convert``: models converted down from opset 18 to every opset 8 to 17.
+"""``torchscan.onnx._export._convert``: models converted down from opset 18 to every opset 8 to 17.
 
 Every model runs in onnxruntime, with graph optimisations off, before and after conversion on
 the same inputs, and the outputs must agree: float32 within rtol 1e-5 and atol 1e-6, integers and
@@ -25,7 +25,7 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 import torchscan
-from torchscan.onnx._convert import OpsetConversionError, convert_model
+from torchscan.onnx._export._convert import OpsetConversionError, convert_model
 
 from .._export import onnx_export
 from ._runtimes import Runs
@@ -744,7 +744,7 @@ def test_clip_of_integers_converts_below_opset_12(bounds: str, dtype: type, targ
 
 
 def test_an_adapter_is_registered_once_per_domain_operator_and_version() -> None:
-    from torchscan.onnx._convert._registry import AdapterRegistry
+    from torchscan.onnx._export._convert._registry import AdapterRegistry
 
     def adapter(node, ctx, boundary):
         return [node]
@@ -764,7 +764,7 @@ def test_an_adapter_is_registered_once_per_domain_operator_and_version() -> None
 def test_an_operator_is_declared_by_one_class() -> None:
     """``adapters`` registers a class's ``version_N`` for each of its operators at boundary
     ``N``, records the class, and refuses a second class for an operator."""
-    from torchscan.onnx._convert._registry import AdapterRegistry
+    from torchscan.onnx._export._convert._registry import AdapterRegistry
 
     def adapter(node, ctx, boundary):
         return [node]
@@ -802,11 +802,12 @@ def test_an_operator_is_declared_by_one_class() -> None:
 
 
 def _adapter_modules() -> dict[str, types.ModuleType]:
-    """The modules of ``torchscan.onnx._convert`` that declare adapters, by name, imported."""
+    """The modules of ``torchscan.onnx._export._convert`` that declare adapters, by name,
+    imported."""
     import importlib
     from pathlib import Path
 
-    import torchscan.onnx._convert as package
+    import torchscan.onnx._export._convert as package
 
     root = Path(package.__file__).parent
     return {
@@ -820,8 +821,8 @@ def test_every_operators_adapters_are_declared_together_in_one_class() -> None:
     adapters of ``op``, a class of an ``_ops_*`` module, and every ``version_N`` of that class is
     registered for ``op``: all of an operator's versions are in one place. A class with adapters
     that declares no operator (its decorator forgotten) fails too."""
-    from torchscan.onnx._convert import _converter  # noqa: F401  (it imports every adapter)
-    from torchscan.onnx._convert._registry import registry, versions_of
+    from torchscan.onnx._export._convert import _converter  # noqa: F401  (it imports every adapter)
+    from torchscan.onnx._export._convert._registry import registry, versions_of
 
     modules = _adapter_modules()
     assert {"_ops_shape", "_ops_reduce", "_ops_gather", "_ops_control"} <= set(modules)
@@ -858,8 +859,8 @@ def test_adapters_make_nodes_only_with_the_builder() -> None:
     import re
     from pathlib import Path
 
-    import torchscan.onnx._convert as package
-    from torchscan.onnx._convert._context import Context
+    import torchscan.onnx._export._convert as package
+    from torchscan.onnx._export._convert._context import Context
 
     assert not hasattr(Context, "make_node")
     root = Path(package.__file__).parent
@@ -896,7 +897,7 @@ def _emitted_ops() -> set[str]:
 
     import torchscan.onnx
 
-    root = Path(torchscan.onnx.__file__).parent
+    root = Path(torchscan.onnx.__file__).parent / "_export"
     found: set[str] = set()
     for path in [*root.glob("*.py"), *root.glob("_convert/*.py")]:
         text = path.read_text()
@@ -915,7 +916,7 @@ below)."""
 
 
 def test_every_operator_torchscan_emits_converts_below_its_first_version_or_is_refused() -> None:
-    from torchscan.onnx._convert._registry import registry
+    from torchscan.onnx._export._convert._registry import registry
 
     emitted = _emitted_ops()
     assert {"Scan", "Loop", "If", "Reshape", "ConstantOfShape"} <= emitted

@@ -1,5 +1,5 @@
-"""``torchscan.onnx._convert``: GatherElements, GatherND, ScatterND and ScatterElements, and Pad
-of integers, converted below opset 11 with dynamic shapes.
+"""``torchscan.onnx._export._convert``: GatherElements, GatherND, ScatterND and ScatterElements, and
+Pad of integers, converted below opset 11 with dynamic shapes.
 
 Each model is built at the opset where its operator appeared, and at 18, where torch.onnx builds
 it, with symbolic dimensions, and converted once; hypothesis then draws shapes and values, with

@@ -1,4 +1,5 @@
-"""``torchscan.onnx._convert``: Mod below opset 10 and Einsum below opset 12, with dynamic shapes.
+"""``torchscan.onnx._export._convert``: Mod below opset 10 and Einsum below opset 12, with dynamic
+shapes.
 
 Mod must give exactly what onnxruntime gives for the original Mod, bit for bit, for every value:
 integers of every width with their extremes, and floats drawn as random bit patterns (every

@@ -1,5 +1,5 @@
-"""``torchscan.onnx._convert``: Trilu below opset 14 (``torch.triu``, ``torch.tril`` and the mask of
-``F.scaled_dot_product_attention(..., is_causal=True)``), and its refusals.
+"""``torchscan.onnx._export._convert``: Trilu below opset 14 (``torch.triu``, ``torch.tril``
+and the mask of ``F.scaled_dot_product_attention(..., is_causal=True)``), and its refusals.
 
 Trilu models are built at opset 18, where torch.onnx builds them, with symbolic dimensions and a
 diagonal ``k`` given when the model runs, and converted once; they must then give, in onnxruntime

@@ -18,8 +18,8 @@ from onnxscript import opset18
 import torchscan
 import torchscan.onnx
 import torchscan.theano
-from torchscan.onnx._convert import OpsetConversionError
-from torchscan.onnx._element_types import check_loop_types
+from torchscan.onnx._export._convert import OpsetConversionError
+from torchscan.onnx._export._element_types import check_loop_types
 
 from .._export import onnx_export
 from ._runtimes import assert_outputs_close, eager_outputs, run_onnxruntime

@@ -13,7 +13,8 @@ from onnx import helper as oh
 
 import torchscan.onnx
 from torchscan.onnx import _opsets
-from torchscan.onnx._check import _lint, _rules
+from torchscan.onnx._lint import _driver as _lint
+from torchscan.onnx._lint import _rules
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 ROOT = Path(__file__).resolve().parents[2]

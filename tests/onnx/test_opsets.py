@@ -105,7 +105,7 @@ def test_ir_version_of_an_opset_outside_the_range_is_refused(opset: int) -> None
 
 
 def _registries() -> dict[str, list[_opsets.OpKey]]:
-    from torchscan.onnx._convert._registry import registry
+    from torchscan.onnx._export._convert._registry import registry
     from torchscan.onnx._import import _registry
 
     return {"converter": list(registry), "import": list(_registry.keys())}

@@ -1,5 +1,5 @@
-"""The export as named passes over onnx_ir models (src/torchscan/onnx/_passes.py): each pass alone,
-their order, and a model without loops passed to torch.onnx untouched."""
+"""The export as named passes over onnx_ir models (src/torchscan/onnx/_export/_passes.py): each pass
+alone, their order, and a model without loops passed to torch.onnx untouched."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import onnx_ir as ir
 import pytest
 
 import torchscan
-from torchscan.onnx import _empty_loops, _passes
+from torchscan.onnx._export import _empty_loops, _passes
 
 from .test_export_errors import hand_built
-from .test_hoist import SCAN_INPUTS, scan_model
+from .test_hoist_bodies import SCAN_INPUTS, scan_model
 
 
 def _model_of(graph: ir.Graph) -> ir.Model:

@@ -335,7 +335,7 @@ def test_export_options_check_and_hoisting() -> None:
         assert not options.hoist_loop_invariants
         program = torch.onnx.export(model, (xs,), dynamo=True, opset_version=18)
     assert program is not None
-    moved = torchscan.onnx.hoist_loop_invariants(program.model, opset=18)
+    moved = torchscan.onnx.hoist_loop_invariants(program.model, target_opset=18)
     assert_type(moved, int)
     report = torchscan.onnx.check(
         program.model_proto, module=model, args=(xs,), runtimes=("onnxruntime",)

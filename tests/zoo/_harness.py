@@ -303,7 +303,7 @@ def test_torchscan_check_passes(zoo_case: str, opset: int, tmp_path: Path) -> No
 
 def _onnxruntime_lacks_a_kernel(model: onnx.ModelProto) -> bool:
     """Whether the model holds an operator version onnxruntime has no kernel for."""
-    from torchscan.onnx._passes import ONNXRUNTIME_MISSING_KERNELS
+    from torchscan.onnx._export._passes import ONNXRUNTIME_MISSING_KERNELS
 
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     return any(

@@ -24,9 +24,9 @@ from typing import Any, NoReturn, SupportsIndex
 
 import torch
 
-from torchscan import _compat
+from torchscan import _compat, _context
 from torchscan._compat import pytree
-from torchscan._errors import ExportError, TorchscanError, TorchscanTypeError
+from torchscan._errors import ExportError, TorchscanError, TorchscanTypeError, reduce_error
 
 API = "torchscan.autoloop"
 
@@ -73,7 +73,7 @@ _outcomes: weakref.WeakKeyDictionary[Loop, tuple[bool, str]] = weakref.WeakKeyDi
 
 
 def _record(loop: Loop, converted: bool, reason: str) -> None:
-    if torch.compiler.is_compiling():
+    if _context.compiling():
         return  # a run that torch traces records nothing (TorchDynamo would guard on the dict)
     _outcomes[loop] = (converted, reason)
     key = id(loop)
@@ -783,6 +783,8 @@ def until_(flag: Any, scanning: bool, loop: Loop | None = None, line: int = 0) -
 class _Fallback(Exception):
     """Why a loop runs as Python this time; ``error``, the error the scan raised where it was
     not torchscan's (the user's own, or one the conversion caused)."""
+
+    __reduce__ = reduce_error
 
     def __init__(self, reason: str, error: BaseException | None = None) -> None:
         super().__init__(reason)
@@ -1618,7 +1620,7 @@ def _failed(error: Exception, what: str) -> NoReturn:
     the error itself (the Python loop could only be unrolled to the length being traced);
     else the reason to run the loop as Python, which raises the error again where it is the
     user's own."""
-    if torch.compiler.is_exporting() or _compat.is_recomputation_stop(error):
+    if _context.exporting() or _compat.is_recomputation_stop(error):
         raise error
     if isinstance(error, TorchscanError):
         raise _Fallback(_first_line(error)) from None
@@ -1631,7 +1633,7 @@ def _standing_for(step: Callable[..., Any], body: Callable[..., Any], loop: Loop
     """``step``, marked (``__wrapped__``) as standing for the loop's ``body``, in the user's file:
     what torchscan keeps per step function is kept per loop, and refusals of what a step does
     while a model is exported name the loop and its lines."""
-    if torch.compiler.is_dynamo_compiling():
+    if _context.dynamo_tracing():
         return step  # TorchDynamo cannot set attributes of a partial; nothing is exported
     inspect.unwrap(body).__qualname__ = f"the loop at line {loop.lineno} of {loop.function}"
     marked = functools.partial(step)
@@ -1690,7 +1692,7 @@ def kept(loop: Loop, iterable: Any) -> Any:
 
 def _refuse_unrolling(loop: Loop, iterable: Any, reason: str) -> None:
     """Refuse, while torch exports, a loop that runs as Python over a dynamic number of steps."""
-    if iterable is None or not torch.compiler.is_exporting() or not _dynamic_steps(iterable):
+    if iterable is None or not _context.exporting() or not _dynamic_steps(iterable):
         return
     raise ExportError(
         f"{API}: the loop of {loop.where()} runs as Python ({reason}), so torch.export would "

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchscan import _checks, _pytree
+from torchscan import _checks, _context, _pytree
 from torchscan._compat import (
     disable_proxy_modes_tracing,
     guard_on_data_dependent_error,
@@ -30,10 +29,6 @@ does not allow at the opset being exported to."""
 
 
 # -- from pytrees to the operators -------------------------------------------------------------
-
-
-_probing = contextvars.ContextVar("torchscan_probing_step", default=False)
-"""Whether a step runs on fake tensors to learn what it returns (:meth:`_FlatStep.probe`)."""
 
 
 class _FlatStep:
@@ -139,12 +134,12 @@ class _FlatStep:
         returns: whether it stops decides which operator it becomes, and its ``y`` the axis and
         direction of every output laid out leaf by leaf."""
         self.operator = None
-        token = _probing.set(True)
-        try:
-            with disable_proxy_modes_tracing(), as_traced_body():
-                step(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
-        finally:
-            _probing.reset(token)
+        with (
+            _context.probing(_context.Probe.STEP),
+            disable_proxy_modes_tracing(),
+            as_traced_body(),
+        ):
+            step(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
 
     def probed(self, length: Any, axes: Sequence[int]) -> tuple[Any, Any]:
         """Within the probe of an outer step: ``(carry, ys)`` shaped as the probe of this one
@@ -214,7 +209,7 @@ def traced_scan(plan: ScanPlan, check_types: TypeCheck | None = None) -> tuple[A
         in_reverse = [r for r, present in zip(plan.in_reverse, x_present, strict=True) if present]
         in_reverse = in_reverse if xs else [False]
         out_axes, out_reverse = _laid_out(flat, plan)
-    if _probing.get():
+    if _context.probe(_context.Probe.STEP):
         return flat.probed(plan.length, _laid_out(flat, plan)[0])
     flat.operator = "Scan"
     try:
@@ -309,7 +304,11 @@ def traced_loop(plan: LoopPlan, check_types: TypeCheck | None = None) -> tuple[A
     with disable_proxy_modes_tracing():
         i = torch.zeros((), dtype=torch.int64, device=getattr(reference, "device", None))
     flat.probe(step, i, *flat.carries)
-    if _probing.get() and not flat.has_until and isinstance(plan.trip_count, (int, torch.SymInt)):
+    if (
+        _context.probe(_context.Probe.STEP)
+        and not flat.has_until
+        and isinstance(plan.trip_count, (int, torch.SymInt))
+    ):
         return flat.probed(plan.trip_count, [0] * sum(flat.y_present))
     cond = plan.cond
     if isinstance(cond, bool):

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from torchscan import _compat, _pytree
+from torchscan import _compat, _context, _pytree
 from torchscan._compat import non_strict_torch_function_handler
 from torchscan._errors import ExportError
 
@@ -386,7 +386,7 @@ class _BodyIndexingRules(_NonStrictIndexing):
         return cast(torch.Tensor, func(*args, **kwargs))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if torch.compiler.is_dynamo_compiling():
+        if _context.dynamo_tracing():
             return func(*args, **(kwargs or {}))
         name = getattr(func, "__name__", "")
         if name == "squeeze" and args and isinstance(args[0], torch.Tensor):

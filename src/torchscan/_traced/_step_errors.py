@@ -12,7 +12,6 @@ registered with torch as a frame to keep in it).
 
 from __future__ import annotations
 
-import contextvars
 import re
 import sys
 import traceback
@@ -21,7 +20,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _compat
+from torchscan import _compat, _context
 from torchscan._errors import ExportError
 from torchscan._source import (
     DISTRIBUTIONS_FIX,
@@ -42,29 +41,15 @@ _ATTRIBUTE = "__torchscan_step__"
 # -- carrying the step with the body -----------------------------------------------------------
 
 
-ONNX_HOOKS_ACTIVE = "__torchscan_hooks_active__"
-"""The attribute of torchscan's lookup of translations in torch.onnx (``onnx/_hooks.py``): a
-function that says whether that lookup is the one installed."""
-
-target_opset: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "torchscan_target_opset", default=None
-)
-"""The default-domain opset that the ``torch.onnx.export`` call in progress through torchscan's
-wrapper or ``torchscan.onnx.export`` targets (its ``opset_version``, or torch.onnx's default),
-resolved once where the call starts; None outside such a call. Set by
-``torchscan._torch_onnx_hook``."""
-
-
 def refuse_without_onnx_hooks(body: Any) -> None:
     """Refuse a loop traced while torch.onnx exports (a model, or an ``ExportedProgram`` it
     decomposes) where torch.onnx cannot translate it: the export does not go through torchscan's
     wrapper or ``torchscan.onnx.export``, and torchscan's hooks are not in torch.onnx's exporter
     (``TORCHSCAN_PATCH_TORCH_ONNX=0`` or ``uninstall_export_hooks()``)."""
     torch_onnx = sys.modules.get("torch.onnx")  # not imported: no ONNX export runs
-    if torch_onnx is None or not torch_onnx.is_in_onnx_export() or target_opset.get() is not None:
+    if torch_onnx is None or not torch_onnx.is_in_onnx_export() or _context.onnx_export():
         return
-    lookup = _compat.onnx_registration().ONNXRegistry.get_decomps
-    if getattr(lookup, ONNX_HOOKS_ACTIVE, lambda: False)():
+    if _context.onnx_hooks_active():
         return
     step = step_of(body)
     api = step.api if step is not None else "torchscan"

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _inplace
+from torchscan import _context, _inplace
 from torchscan._loop import loop as _loop
 from torchscan._scan import scan_in_order as _scan_in_order
 from torchscan._steps import Until
@@ -84,7 +84,7 @@ class _Plan:
     def as_fn(self, step: Callable) -> Callable:
         """``step``, marked (``__wrapped__``) as standing for ``fn``: refusals of what a step
         does while a model is exported name ``fn`` and its lines."""
-        if torch.compiler.is_dynamo_compiling():
+        if _context.dynamo_tracing():
             return step  # TorchDynamo cannot set attributes of a partial; nothing is exported
         marked = functools.partial(step)
         marked.__wrapped__ = self.fn  # type: ignore[attr-defined]
@@ -134,7 +134,7 @@ class _Step:
         ]
         args = [*x, *past, *plan.non_sequences]
         # Versions are read eagerly and while torch.export traces; TorchDynamo cannot read them.
-        watching = not (torch.compiler.is_dynamo_compiling() or torch.is_inference_mode_enabled())
+        watching = not (_context.dynamo_tracing() or torch.is_inference_mode_enabled())
         if not watching:
             return _split_result(self._call(args), plan.n_outputs)
         arguments = (*x, *past)

@@ -1,7 +1,7 @@
 """``torchscan.onnx.check``: lint a model's Scan, Loop and If nodes, and compare its runtimes.
 The model is read (from a path, bytes or a ``ModelProto``) with errors that say what is wrong with
-the file, and into onnx_ir once, which every analysis reads (:mod:`torchscan.onnx._check._load`);
-its ``Scan``, ``Loop`` and ``If`` nodes are linted (:mod:`torchscan.onnx._check._lint`); then it
+the file, and into onnx_ir once, which every analysis reads (:mod:`torchscan.onnx._lint._load`);
+its ``Scan``, ``Loop`` and ``If`` nodes are linted (:mod:`torchscan.onnx._lint._driver`); then it
 is run in onnxruntime, in onnx's reference evaluator and as the module ``to_torch`` makes of it
 (:mod:`torchscan.onnx._check._runtimes`), and optionally eager PyTorch, on the same inputs
 (:mod:`torchscan.onnx._check._inputs`, :mod:`torchscan.onnx._check._random`), and every output is
@@ -22,7 +22,6 @@ import onnx
 
 from torchscan import _errors
 from torchscan._errors import TorchscanValueError
-from torchscan.onnx._check import _lint
 from torchscan.onnx._check._diff import _diff_all, _named_outputs, _shape_text
 from torchscan.onnx._check._inputs import (
     _by_position,
@@ -36,10 +35,18 @@ from torchscan.onnx._check._inputs import (
     read_inputs,
 )
 from torchscan.onnx._check._limit import TimedOut, within
-from torchscan.onnx._check._load import LoadedModel, load
 from torchscan.onnx._check._random import SEED, random_inputs
 from torchscan.onnx._check._random_ops import random_outputs
-from torchscan.onnx._check._report import (
+from torchscan.onnx._check._runtimes import (
+    _RUNNERS,
+    RUNTIMES,
+    SOURCES,
+    _pytorch_outputs,
+    _Unsupported,
+)
+from torchscan.onnx._lint import _driver as _lint
+from torchscan.onnx._lint._load import LoadedModel, load
+from torchscan.onnx._lint._report import (
     BASELINE,
     COULD_NOT_RUN,
     ERROR,
@@ -53,13 +60,6 @@ from torchscan.onnx._check._report import (
     Comparison,
     OutputDiff,
     _family,
-)
-from torchscan.onnx._check._runtimes import (
-    _RUNNERS,
-    RUNTIMES,
-    SOURCES,
-    _pytorch_outputs,
-    _Unsupported,
 )
 
 DEFAULT_ATOL = 1e-5
@@ -361,7 +361,7 @@ def compare(
     """Run ``model`` in ``runtimes`` (and ``module(*args)``) and hold each against a baseline.
 
     Args:
-      model: the model, as :func:`~torchscan.onnx._check._load.load` reads it.
+      model: the model, as :func:`~torchscan.onnx._lint._load.load` reads it.
       feeds: its inputs by name.
       expected: the outputs it must give, in output order; the baseline where given.
       module: eager PyTorch to compare with; its outputs are the baseline unless ``expected``.

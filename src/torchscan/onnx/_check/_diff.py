@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from torchscan.onnx._check._report import RANDOM, OutputDiff
+from torchscan.onnx._lint._report import RANDOM, OutputDiff
 
 
 def _named_outputs(names: list[str], values: list[Any]) -> list[tuple[str, Any]]:

@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _ir
-from torchscan.onnx._check._load import UNTYPED_TENSOR
+from torchscan.onnx._lint._load import UNTYPED_TENSOR
 
 
 def graph_inputs(model: ir.Model) -> list[ir.Value]:

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from torchscan._errors import reduce_error
+
 T = TypeVar("T")
 
 STARTUP = 60.0
@@ -40,6 +42,8 @@ of the deadline of one that runs."""
 class TimedOut(Exception):
     """A source that did not end within its time limit, and was stopped."""
 
+    __reduce__ = reduce_error
+
     def __init__(self, seconds: float) -> None:
         super().__init__(f"timed out after {seconds_text(seconds)}")
         self.seconds = seconds
@@ -48,6 +52,8 @@ class TimedOut(Exception):
 class _Stopped(BaseException):
     """Raised in a source's thread to stop it; not an ``Exception``, so that no ``except
     Exception`` of the code it stops catches it."""
+
+    __reduce__ = reduce_error
 
 
 def seconds_text(seconds: float) -> str:

@@ -16,7 +16,6 @@ import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _ir
-from torchscan.onnx._check import _lint
 from torchscan.onnx._check._inputs import (
     _dtype_name,
     _kind,
@@ -24,6 +23,7 @@ from torchscan.onnx._check._inputs import (
     graph_inputs,
     value_type,
 )
+from torchscan.onnx._lint import _driver as _lint
 
 SEED = 0
 """Random inputs are drawn from ``numpy.random.default_rng(SEED)``: the same model gets the same
@@ -45,7 +45,7 @@ def random_inputs(model: ir.Model, dims: Mapping[str, int], typed: ir.Model) -> 
       model: the model as given.
       dims: sizes of named dynamic dimensions.
       typed: the model with the types ONNX shape inference adds
-        (:attr:`~torchscan.onnx._check._load.LoadedModel.typed`), which say which dimensions
+        (:attr:`~torchscan.onnx._lint._load.LoadedModel.typed`), which say which dimensions
         must be equal.
 
     Returns:
@@ -172,7 +172,7 @@ def _equal_dims(model: ir.Model) -> list[tuple[str, list[Dim]]]:
     """Dimensions the specification makes equal, with what makes them so: the lengths of the
     scan inputs of each Scan node along their scan axes, and at Scan-8 the batch sizes of its
     inputs too. The shapes are those of ``model``, the model with the types ONNX shape inference
-    adds (:attr:`~torchscan.onnx._check._load.LoadedModel.typed`)."""
+    adds (:attr:`~torchscan.onnx._lint._load.LoadedModel.typed`)."""
     opset = _lint.default_opset(model.opset_imports)
     version = None if opset is None else _lint.version_in_force("Scan", opset)
     if version is None:

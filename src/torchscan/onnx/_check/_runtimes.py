@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from torchscan._errors import reduce_error
 from torchscan.onnx._check import _ort
 from torchscan.onnx._check._inputs import _as_value, _numpy_to_torch
 from torchscan.onnx._check._limit import Limit
-from torchscan.onnx._check._load import LoadedModel
 from torchscan.onnx._check._ort import run_onnxruntime
 from torchscan.onnx._check._reference_ops import (
     gather_elements,
@@ -39,6 +39,7 @@ from torchscan.onnx._check._reference_ops import (
     spec_loop,
     spec_scan,
 )
+from torchscan.onnx._lint._load import LoadedModel
 
 RUNTIMES = ("onnxruntime", "reference", "imported")
 """The ONNX runtimes ``check`` can run: onnxruntime's CPU provider,
@@ -197,6 +198,8 @@ def _elem_types_of(type_: ir.TypeProtocol | None) -> set[int]:
 
 class _ChildError(RuntimeError):
     """What onnxruntime raised in the child process, with its type's name."""
+
+    __reduce__ = reduce_error
 
     def __init__(self, child_type: str, message: str) -> None:
         super().__init__(message)

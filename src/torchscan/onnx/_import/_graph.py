@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import contextvars
 import dataclasses
 import itertools
 import keyword
@@ -28,7 +27,7 @@ import onnx.shape_inference
 import onnx_ir as ir
 import torch
 
-from torchscan import _compat
+from torchscan import _compat, _context
 from torchscan._errors import OnnxImportError, TorchscanTypeError, TorchscanValueError
 from torchscan.onnx import _ir
 from torchscan.onnx._import import _inputs, _registry, _weights
@@ -62,10 +61,9 @@ class _Trace:
         return entry[1] if entry is not None and entry[0] is tensor else None
 
 
-_TRACE: contextvars.ContextVar[_Trace | None] = contextvars.ContextVar(
-    "torchscan_onnx_import_trace", default=None
-)
-"""The trace in progress in this context, if any."""
+def _current() -> _Trace | None:
+    """The trace in progress in this context, if any."""
+    return _context.probe(_context.Probe.IMPORT)
 
 
 def ints(values: torch.Tensor | None) -> list[Any]:
@@ -76,10 +74,10 @@ def ints(values: torch.Tensor | None) -> list[Any]:
     rather than reading a traced tensor's data."""
     if values is None:
         return []
-    known = None if torch.compiler.is_dynamo_compiling() else _known(values)
+    known = None if _context.dynamo_tracing() else _known(values)
     if known is not None:
         return list(known[0])
-    if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():
+    if _context.compiling() and not _context.dynamo_tracing():
         raise _NotTraceable  # (TorchDynamo, tracing a branch of torch.cond, reads the data)
     return [int(v) for v in values.reshape(-1).tolist()]
 
@@ -89,17 +87,14 @@ def probing(scope: Mapping[str, Any]) -> Iterator[None]:
     """Run bodies on fake tensors with the values known in Python (a trace whose ``probing``
     is set, :class:`_Trace`): those known already, and the small integer tensors of ``scope``,
     the values around the body, whose data a fake tensor does not give."""
-    outer = _TRACE.get()
+    outer = _current()
     trace = _Trace(dict(outer.known) if outer is not None else {}, probing=True)
     for value in scope.values():
         known = _constant(value)
         if known is not None and trace.values(value) is None:
             trace.remember(value, known)
-    token = _TRACE.set(trace)
-    try:
+    with _context.probing(_context.Probe.IMPORT, trace):
         yield
-    finally:
-        _TRACE.reset(token)
 
 
 class _NotTraceable(Exception):
@@ -173,19 +168,16 @@ class Graph:
             env[name] = _held(module, attribute)
         for name, value in zip(self.inputs, inputs, strict=True):
             env[name] = value
-        if torch.compiler.is_dynamo_compiling():
+        if _context.dynamo_tracing():
             # a branch of torch.cond, which TorchDynamo traces, and where the values known in
             # Python are not kept (TorchDynamo reads no context variable)
             return self._run_nodes(module, env)
-        trace = _TRACE.get()
-        if not torch.compiler.is_compiling() and (trace is None or not trace.probing):
+        trace = _current()
+        if not _context.compiling() and (trace is None or not trace.probing):
             return self._run_nodes(module, env)  # eager
         if trace is None:  # the module's graph, traced: the trace starts
-            token = _TRACE.set(_Trace())
-            try:
+            with _context.probing(_context.Probe.IMPORT, _Trace()):
                 return self.run(module, inputs, outer)
-            finally:
-                _TRACE.reset(token)
         for name, known in self.constants.items():
             trace.remember(env[name], known)
         return self._run_nodes(module, env, trace)
@@ -209,7 +201,7 @@ class Graph:
                     not_implemented=True,
                 ) from None
             except _compat.guard_on_data_dependent_error() as error:
-                if not torch.compiler.is_compiling() or torch.compiler.is_dynamo_compiling():
+                if not _context.compiling() or _context.dynamo_tracing():
                     raise
                 first = str(error).strip().splitlines()[0]
                 raise node.refuse(
@@ -218,7 +210,7 @@ class Graph:
                     not_implemented=True,
                 ) from error
             except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError) as error:
-                if torch.compiler.is_compiling():
+                if _context.compiling():
                     raise  # torch's own errors of tracing, which it may handle
                 first = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 described = ", ".join(_describe(a) for a in args)
@@ -520,7 +512,7 @@ def decided(condition: torch.Tensor) -> bool | None:
 
 
 def _known(value: Any) -> Known | None:
-    trace = _TRACE.get()
+    trace = _current()
     return None if trace is None else trace.values(value)
 
 
@@ -697,7 +689,7 @@ class OnnxModule(torch.nn.Module):
             raise TorchscanValueError(
                 f"{_API}: the graph failed ({type(error).__name__}: {first}), and {why}"
             ) from error
-        if not torch.compiler.is_compiling():
+        if not _context.compiling():
             outputs = self._not_held(outputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
@@ -769,7 +761,7 @@ def _typed_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
 def _lint(model: onnx.ModelProto) -> None:
     """Refuse a ``Scan`` or ``Loop`` that breaks its version's rules, in the words of
     ``torchscan check``'s lint, rather than fail when it first runs."""
-    from torchscan.onnx._check._lint import lint
+    from torchscan.onnx._lint._driver import lint
 
     def loops(graph: onnx.GraphProto | onnx.FunctionProto) -> bool:
         return any(

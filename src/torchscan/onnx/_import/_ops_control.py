@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _compat
+from torchscan import _compat, _context
 from torchscan._errors import OnnxImportError, TorchscanError
 from torchscan._loop import loop as torchscan_loop
 from torchscan._scan import scan as torchscan_scan
@@ -124,7 +124,7 @@ def loop(
             "a Loop with neither a trip count nor a condition never ends (give it M or cond)"
         )
     keep_going = torch.tensor(True) if cond is None else cond.reshape(()).to(torch.bool)
-    if not torch.compiler.is_compiling() and (
+    if not _context.compiling() and (
         (trip_count is not None and int(trip_count) <= 0) or not bool(keep_going)
     ):
         return _no_iteration(call, keep_going, initial)
@@ -217,11 +217,11 @@ def if_(call: Call, cond: torch.Tensor) -> list[torch.Tensor]:
     """``If``: the branch the condition picks; traced (by ``torch.export``), the branch a
     condition on sizes picks for every size the trace allows (the guard of an empty sequence),
     else ``torch.cond``, which exports as an ``If``."""
-    if torch.compiler.is_compiling() and not torch.compiler.is_dynamo_compiling():
+    if _context.compiling() and not _context.dynamo_tracing():
         branch = {True: "then_branch", False: "else_branch", None: None}[decided(cond)]
         if branch is not None:
             return call.run_graph(branch, [])
-    if torch.compiler.is_compiling():
+    if _context.compiling():
         # torch.cond's branches may not return their inputs or views of them: copies
         then_out = lambda: tuple(v.clone() for v in call.run_graph("then_branch", []))  # noqa: E731
         else_out = lambda: tuple(v.clone() for v in call.run_graph("else_branch", []))  # noqa: E731

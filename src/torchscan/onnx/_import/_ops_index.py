@@ -19,6 +19,7 @@ from typing import cast
 
 import torch
 
+from torchscan import _context
 from torchscan.onnx._import._graph import Call
 from torchscan.onnx._import._graph import ints as _ints
 from torchscan.onnx._import._registry import implements
@@ -45,7 +46,7 @@ def _unbits(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _checking() -> bool:
     """Whether to check data-dependent rules (not while torch.compile or torch.export trace)."""
-    return not torch.compiler.is_compiling()
+    return not _context.compiling()
 
 
 def _axis(call: Call, axis: int, rank: int, name: str = "axis") -> int:
@@ -233,7 +234,7 @@ def _top_k(
         torch._check(k <= x.shape[dim])
     elif not 0 <= k <= x.shape[dim]:
         raise call.refuse(f"k = {k} is not in [0, {x.shape[dim]}] (the size of axis {axis})")
-    if torch.compiler.is_compiling():  # (exported as a TopK, which keeps ties in index order)
+    if _context.compiling():  # (exported as a TopK, which keeps ties in index order)
         return torch.topk(x, k, dim=dim, largest=largest, sorted=True)
     values, indices = torch.sort(x, dim=dim, descending=largest, stable=True)
     return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
@@ -520,7 +521,7 @@ def _generator(call: Call) -> torch.Generator | None:
     """A generator seeded by the ``seed`` attribute (a float: its integer value, or its bits
     where it has a fraction), or ``None`` (torch's own) without one."""
     seed = call.attribute("seed")
-    if seed is not None and torch.compiler.is_compiling():
+    if seed is not None and _context.compiling():
         raise call.refuse(
             "torch.export cannot trace it: its seed makes every run draw the same values, from a "
             "generator of its own, which torch.onnx does not export. The module runs it "

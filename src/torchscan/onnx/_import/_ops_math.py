@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from torchscan import _context
 from torchscan.onnx._import._graph import Call, ints
 from torchscan.onnx._import._registry import implements
 
@@ -162,7 +163,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     cancels (the determinant of a 2x2 covariance, ``a * d - b * c``) makes much larger. While
     torch.compile or torch.export trace the module, and for the gradients, it is
     ``torch.matmul``, so that a module exported again holds a ``MatMul``."""
-    if torch.compiler.is_compiling() or not _fused(a, b):  # traced: no guard on the sizes
+    if _context.compiling() or not _fused(a, b):  # traced: no guard on the sizes
         return torch.matmul(a, b)
     with torch.no_grad():
         exact = fused_matmul(a, b)

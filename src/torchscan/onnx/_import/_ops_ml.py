@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from torchscan import _context
 from torchscan.onnx._import._graph import Call, Node
 from torchscan.onnx._import._registry import implements
 
@@ -35,7 +36,7 @@ _TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT")
 
 def _checking() -> bool:
     """Whether to check data-dependent rules (not while torch.compile or torch.export trace)."""
-    return not torch.compiler.is_compiling()
+    return not _context.compiling()
 
 
 def _strings(call: Call, *names: str) -> None:

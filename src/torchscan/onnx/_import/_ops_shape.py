@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from torchscan import _context
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx._import._graph import Call
 from torchscan.onnx._import._graph import ints as _ints
@@ -184,7 +185,7 @@ def slice_(
         raise call.refuse(str(error)) from None
     # Traced, a copy: two slices of one tensor read by a branch would alias, which torch.cond
     # refuses (and a copy costs nothing in the exported graph).
-    return part.clone() if torch.compiler.is_compiling() else part
+    return part.clone() if _context.compiling() else part
 
 
 @implements("Slice", 1)

@@ -10,9 +10,16 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._blocks import Int, Lengths, lengths_of, product, scalar, vector
-from torchscan.onnx._convert._context import FLOATS, Builder, Context, attribute, required
-from torchscan.onnx._convert._registry import adapters
+from torchscan.onnx._export._convert._blocks import (
+    Int,
+    Lengths,
+    lengths_of,
+    product,
+    scalar,
+    vector,
+)
+from torchscan.onnx._export._convert._context import FLOATS, Builder, Context, attribute, required
+from torchscan.onnx._export._convert._registry import adapters
 
 _Operand = tuple[ir.Value, list[str], Sequence[int | None] | None]
 """A tensor, the subscript of each of its axes, and its shape where its rank is known."""
@@ -190,7 +197,7 @@ def _contract(
     own_right = [s for s in right_term if s not in left_term]
     nb, nl, nr, ns = len(batch), len(own_left), len(own_right), len(summed)
     term = batch + own_left + own_right
-    if elem not in FLOATS and b.ctx.target < 9:
+    if elem not in FLOATS and b.ctx.target_opset < 9:
         a, _, _ = _transpose(b, elem, left, batch + own_left + summed)
         c, _, _ = _transpose(b, elem, right, batch + own_right + summed)
         if nr:

@@ -2,8 +2,8 @@
 of other nodes at any depth, and in its local functions, is checked against the specification of
 the version in force for it (read from torchscan's version table, :mod:`torchscan.onnx._opsets`,
 and from ``onnx.defs`` outside the opsets torchscan exports to) by the rules of
-:mod:`torchscan.onnx._check._scan_rules` and :mod:`torchscan.onnx._check._loop_rules`; every
-``If`` node, by the shape rules of :mod:`torchscan.onnx._check._if_rules`. Types and
+:mod:`torchscan.onnx._lint._scan_rules` and :mod:`torchscan.onnx._lint._loop_rules`; every
+``If`` node, by the shape rules of :mod:`torchscan.onnx._lint._if_rules`. Types and
 shapes come from the model's own annotations, completed by ONNX shape inference where it
 succeeds; a rule about a type or a shape is only applied where both sides are known, so a finding
 is always a contradiction, never a guess. The ``RNN``, ``GRU`` and ``LSTM`` nodes are listed, with
@@ -21,13 +21,13 @@ import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _ir, _opsets
-from torchscan.onnx._check import _load
-from torchscan.onnx._check._if_rules import if_nodes, lint_if
-from torchscan.onnx._check._loop_rules import _lint_loop
-from torchscan.onnx._check._report import CheckedNode, Finding
-from torchscan.onnx._check._rules import RULES
-from torchscan.onnx._check._scan_rules import _lint_scan
-from torchscan.onnx._check._site import _Site
+from torchscan.onnx._lint import _load
+from torchscan.onnx._lint._if_rules import if_nodes, lint_if
+from torchscan.onnx._lint._loop_rules import _lint_loop
+from torchscan.onnx._lint._report import CheckedNode, Finding
+from torchscan.onnx._lint._rules import RULES
+from torchscan.onnx._lint._scan_rules import _lint_scan
+from torchscan.onnx._lint._site import _Site
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +47,9 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
 
     Args:
       model: the model with the types and shapes ONNX shape inference adds, in onnx_ir
-        (:attr:`~torchscan.onnx._check._load.LoadedModel.typed`); it is not modified. An
+        (:attr:`~torchscan.onnx._lint._load.LoadedModel.typed`); it is not modified. An
         ``onnx.ModelProto`` is first inferred and read into onnx_ir
-        (:func:`~torchscan.onnx._check._load.typed_model`).
+        (:func:`~torchscan.onnx._lint._load.typed_model`).
 
     Returns:
       The Scan and Loop nodes checked, in graph order (a node's bodies right after it), the

@@ -8,8 +8,8 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from torchscan.onnx import _ir
-from torchscan.onnx._check._rules import _n
-from torchscan.onnx._check._shared_rules import (
+from torchscan.onnx._lint._rules import _n
+from torchscan.onnx._lint._shared_rules import (
     _check_arity,
     _check_attributes,
     _check_same_type,
@@ -17,7 +17,7 @@ from torchscan.onnx._check._shared_rules import (
     _check_types,
     _optional_inputs,
 )
-from torchscan.onnx._check._site import _conflict, _dims, _Site, _text, _type_str
+from torchscan.onnx._lint._site import _conflict, _dims, _Site, _text, _type_str
 
 
 def _lint_loop(site: _Site) -> None:

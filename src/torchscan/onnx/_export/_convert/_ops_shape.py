@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._blocks import range_by_loop
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._blocks import range_by_loop
+from torchscan.onnx._export._convert._context import (
     FLOATS,
     Builder,
     Context,
@@ -24,12 +24,12 @@ from torchscan.onnx._convert._context import (
     set_attribute,
     truncate_inputs,
 )
-from torchscan.onnx._convert._helpers import (
+from torchscan.onnx._export._convert._helpers import (
     drop_added_attributes,
     input_as_attribute,
     negative_axes,
 )
-from torchscan.onnx._convert._registry import adapters
+from torchscan.onnx._export._convert._registry import adapters
 
 _INT64 = ir.DataType.INT64
 _INT64_MAX = np.iinfo(np.int64).max

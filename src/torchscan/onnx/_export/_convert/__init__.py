@@ -57,8 +57,8 @@ from onnx_ir.passes.common import InlinePass
 
 from torchscan._errors import TorchscanValueError
 from torchscan.onnx import _ir, _opsets
-from torchscan.onnx._convert._context import OpsetConversionError, as_tensor
-from torchscan.onnx._convert._converter import Converter
+from torchscan.onnx._export._convert._context import OpsetConversionError, as_tensor
+from torchscan.onnx._export._convert._converter import Converter
 
 __all__ = ["OpsetConversionError", "convert_model"]
 

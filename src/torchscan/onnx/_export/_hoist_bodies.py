@@ -50,19 +50,19 @@ _NONDETERMINISTIC = frozenset(
 )  # fmt: skip
 
 
-def hoist_loop_invariants(model: ir.Model, *, opset: int | None = None) -> int:
+def hoist_loop_invariants(model: ir.Model, *, target_opset: int | None = None) -> int:
     """Move loop-invariant and per-step work out of every Scan and Loop body of ``model``, in
     place. Returns how many body nodes were moved or batched.
 
-    ``opset`` is the default-domain opset the model is meant for (the model's own by default):
-    no Scan or Loop gets an input or output of an element type its version there does not
-    allow."""
-    if opset is None:
-        opset = _ir.default_opset(model.opset_imports)
-        if opset is None:
+    ``target_opset`` is the default-domain opset the model is meant for (the model's own by
+    default): no Scan or Loop gets an input or output of an element type its version there does
+    not allow."""
+    if target_opset is None:
+        target_opset = _ir.default_opset(model.opset_imports)
+        if target_opset is None:
             raise TorchscanValueError("the model imports no default-domain opset")
     # An opset newer than the version table allows at least what its newest entry allows.
-    opset = min(opset, _opsets.MAX_OPSET)
+    opset = min(target_opset, _opsets.MAX_OPSET)
     allowed = {
         "Scan": _opsets.scan_version(opset).element_types,
         "Loop": _opsets.loop_version(opset).element_types,

@@ -1,9 +1,9 @@
 """What torchscan does to a model that torch.onnx built, as named passes over ``onnx_ir`` models.
 
 torch.onnx builds the model at opset 18 or newer, then calls its ``convert_version`` with the
-opset asked for, then its optimizer. torchscan's hooks (:mod:`torchscan.onnx._hooks`) replace
-both calls by :func:`convert_version` and :func:`optimize` here, which run the passes below on
-a model that holds a ``Scan`` or ``Loop`` at any depth, in this order, and pass every other
+opset asked for, then its optimizer. torchscan's hooks (:mod:`torchscan.onnx._export._hooks`)
+replace both calls by :func:`convert_version` and :func:`optimize` here, which run the passes
+below on a model that holds a ``Scan`` or ``Loop`` at any depth, in this order, and pass every other
 model to torch.onnx's own functions untouched (its export is then byte for byte what it is
 without torchscan):
 
@@ -14,9 +14,9 @@ without torchscan):
    may have the name of a value of a loop's body, which the optimizer would fold into an
    initializer of that name);
 3. :class:`ShapeEmptyLoops`: the stacked outputs of a Loop that may run no iteration shaped as
-   the specification wants them (:mod:`torchscan.onnx._empty_loops`);
+   the specification wants them (:mod:`torchscan.onnx._export._empty_loops`);
 4. :class:`HoistLoopInvariants`: work that does not depend on the carried state moved out of
-   Scan and Loop bodies (:mod:`torchscan.onnx._hoist`), unless
+   Scan and Loop bodies (:mod:`torchscan.onnx._export._hoist_bodies`), unless
    ``torchscan.onnx.export_options(hoist_loop_invariants=False)``;
 5. at opset 18 and newer, :class:`ConvertVersion` (torch.onnx's own conversion); below,
    :class:`ConvertDown`: the model optimized at the opset torch.onnx built it at
@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterator
 import onnx_ir as ir
 from onnx_ir.passes.common import InlinePass, NameFixPass
 
-from torchscan.onnx import _element_types, _empty_loops, _hoist, _ir, _opsets, _options
+from torchscan.onnx import _ir, _opsets
+from torchscan.onnx._export import _element_types, _empty_loops, _hoist_bodies, _options
 
 VersionConverter = Callable[[ir.Model, int], ir.Model]
 """torch.onnx's ``convert_version(model, target_version)``, which converts in place."""
@@ -58,8 +59,8 @@ converted: torch.onnx's optimizer, run after it, leaves that model as it is."""
 
 class CheckLoopTypes(ir.passes.InPlacePass):
     """Refuse a Scan or Loop, at any depth, whose tensors have an element type that its version
-    at ``target_opset`` does not allow (:func:`torchscan.onnx._element_types.check_loop_types`).
-    Changes nothing."""
+    at ``target_opset`` does not allow
+    (:func:`torchscan.onnx._export._element_types.check_loop_types`). Changes nothing."""
 
     def __init__(self, target_opset: int) -> None:
         super().__init__()
@@ -72,7 +73,7 @@ class CheckLoopTypes(ir.passes.InPlacePass):
 
 class ShapeEmptyLoops(ir.passes.InPlacePass):
     """Reshape the stacked outputs of every Loop that may run no iteration to
-    ``(len(y), *step_shape)`` (:mod:`torchscan.onnx._empty_loops`)."""
+    ``(len(y), *step_shape)`` (:mod:`torchscan.onnx._export._empty_loops`)."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         reshaped = _empty_loops.shape_empty_loop_outputs(model)
@@ -89,14 +90,15 @@ class HoistLoopInvariants(ir.passes.InPlacePass):
         self.target_opset = target_opset
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        moved = _hoist.hoist_loop_invariants(model, opset=self.target_opset)
+        moved = _hoist_bodies.hoist_loop_invariants(model, target_opset=self.target_opset)
         return ir.passes.PassResult(model, modified=moved > 0)
 
 
 class Optimize(ir.passes.InPlacePass):
     """torch.onnx's optimizer (onnxscript's: constant folding, dead code, fusions), then the
     scanned inputs of a Scan that its body no longer reads dropped
-    (:func:`torchscan.onnx._hoist.drop_unread_sequences`), which onnxscript does not do.
+    (:func:`torchscan.onnx._export._hoist_bodies.drop_unread_sequences`), which onnxscript does
+    not do.
 
     The module's parameters and persistent buffers are kept as they are (:func:`state_kept`):
     the optimizer would store ``Transpose(weight)`` as a new initializer under a new name, and a
@@ -111,7 +113,7 @@ class Optimize(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         with state_kept(model):
             self.optimize(model)
-        _hoist.drop_unread_sequences(model.graph)
+        _hoist_bodies.drop_unread_sequences(model.graph)
         return ir.passes.PassResult(model, modified=True)
 
 
@@ -173,7 +175,7 @@ class ConvertVersion(ir.passes.InPlacePass):
 class ConvertDown(ir.passes.InPlacePass):
     """The model optimized at the opset torch.onnx built it at, then converted by torchscan to
     ``target_opset`` (below 18), Scan, Loop and If bodies included
-    (:func:`torchscan.onnx._convert.convert_model`); marked :data:`OPTIMIZED`.
+    (:func:`torchscan.onnx._export._convert.convert_model`); marked :data:`OPTIMIZED`.
 
     Below opset 18 torch.onnx's order, convert then optimize, fails twice: torch's translations
     use operators that old opsets lack (``chunk`` is a ``SplitToSequence`` until the optimizer
@@ -189,7 +191,7 @@ class ConvertDown(ir.passes.InPlacePass):
         self.optimize = optimize
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        from torchscan.onnx import _convert
+        from torchscan.onnx._export import _convert
 
         built = model.clone()
         try:

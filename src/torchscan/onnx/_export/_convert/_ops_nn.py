@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._context import (
     Builder,
     Context,
     attribute,
@@ -18,8 +18,12 @@ from torchscan.onnx._convert._context import (
     set_attribute,
     truncate_inputs,
 )
-from torchscan.onnx._convert._helpers import drop_added_attributes, negative_axes, onnx_adapter
-from torchscan.onnx._convert._registry import adapters
+from torchscan.onnx._export._convert._helpers import (
+    drop_added_attributes,
+    negative_axes,
+    onnx_adapter,
+)
+from torchscan.onnx._export._convert._registry import adapters
 
 
 def _auto_pad_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._context import (
     FLOATS,
     Builder,
     Context,
@@ -19,8 +19,8 @@ from torchscan.onnx._convert._context import (
     truncate_inputs,
     type_name,
 )
-from torchscan.onnx._convert._helpers import negative_axes, onnx_adapter
-from torchscan.onnx._convert._registry import adapters
+from torchscan.onnx._export._convert._helpers import negative_axes, onnx_adapter
+from torchscan.onnx._export._convert._registry import adapters
 
 REDUCE_18 = [
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",

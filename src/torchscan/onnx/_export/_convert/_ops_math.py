@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._blocks import arange, lengths_of
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._blocks import arange, lengths_of
+from torchscan.onnx._export._convert._context import (
     FLOATS,
     VALUE_PRESERVING,
     Builder,
@@ -28,7 +28,7 @@ from torchscan.onnx._convert._context import (
     truncate_inputs,
     type_name,
 )
-from torchscan.onnx._convert._registry import adapters
+from torchscan.onnx._export._convert._registry import adapters
 
 _BOOL, _DOUBLE, _INT64 = ir.DataType.BOOL, ir.DataType.DOUBLE, ir.DataType.INT64
 
@@ -47,7 +47,7 @@ class Equal:
             raise ctx.refuse(node, boundary, "the type of its inputs is unknown")
         if elem not in FLOATS:
             return [node]
-        if ctx.target < 9:
+        if ctx.target_opset < 9:
             raise ctx.refuse(
                 node, boundary, f"comparing {type_name(elem)} values exactly needs IsNaN, which "
                 "exists from opset 9 on"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from torchscan._errors import ExportError
-from torchscan.onnx._empty_loops import MAY_RUN_NO_ITERATION
+from torchscan.onnx._export._empty_loops import MAY_RUN_NO_ITERATION
 
 
 def _recorder():

@@ -15,8 +15,8 @@ import onnx.defs
 import onnx_ir as ir
 
 from torchscan.onnx import _opsets
-from torchscan.onnx._check._report import Finding
-from torchscan.onnx._check._rules import RULES
+from torchscan.onnx._lint._report import Finding
+from torchscan.onnx._lint._rules import RULES
 
 
 @dataclasses.dataclass

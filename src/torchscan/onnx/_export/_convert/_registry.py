@@ -26,7 +26,7 @@ from torchscan._errors import TorchscanValueError
 from torchscan.onnx._opsets import OpKey, op_key
 
 if TYPE_CHECKING:
-    from torchscan.onnx._convert._context import Context
+    from torchscan.onnx._export._convert._context import Context
 
 Adapter = Callable[[ir.Node, "Context", int], list[ir.Node]]
 """``adapter(node, ctx, boundary)``: the nodes that replace ``node`` below ``boundary``."""

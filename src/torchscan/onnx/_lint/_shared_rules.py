@@ -13,7 +13,7 @@ import onnx.defs
 import onnx_ir as ir
 
 from torchscan.onnx import _opsets
-from torchscan.onnx._check._rules import (
+from torchscan.onnx._lint._rules import (
     _allowed_statement,
     _allowed_types,
     _attribute_list_text,
@@ -21,7 +21,7 @@ from torchscan.onnx._check._rules import (
     _listing,
     _type_constraint_quote,
 )
-from torchscan.onnx._check._site import _dims, _named, _Site, _text, _type_str
+from torchscan.onnx._lint._site import _dims, _named, _Site, _text, _type_str
 
 
 def _check_attributes(site: _Site, needed: dict[str, str]) -> bool:

@@ -17,7 +17,7 @@ import onnx.reference
 import onnx_ir as ir
 
 from torchscan.onnx import _ir, _schema_diff
-from torchscan.onnx._convert import (  # noqa: F401  (importing them registers their adapters)
+from torchscan.onnx._export._convert import (  # noqa: F401  (importing them registers their adapters)
     _ops_control,
     _ops_einsum,
     _ops_gather,
@@ -27,7 +27,7 @@ from torchscan.onnx._convert import (  # noqa: F401  (importing them registers t
     _ops_shape,
     _ops_tensor,
 )
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._context import (
     VALUE_PRESERVING,
     Builder,
     Context,
@@ -36,7 +36,7 @@ from torchscan.onnx._convert._context import (
     is_present,
     replace_graph_output,
 )
-from torchscan.onnx._convert._registry import registry
+from torchscan.onnx._export._convert._registry import registry
 
 _Binding = tuple[onnx.defs.OpSchema.FormalParameter, ir.Value]
 
@@ -76,10 +76,10 @@ class Converter(Context):
         since = _schema_diff.since_in_force(node.op_type, level)
         if since is None:
             raise OpsetConversionError(
-                node.op_type, level, self.target, f"no {node.op_type} exists at opset {level}",
-                node.name or "",
+                node.op_type, level, self.target_opset,
+                f"no {node.op_type} exists at opset {level}", node.name or "",
             )  # fmt: skip
-        if since <= self.target:
+        if since <= self.target_opset:
             self._finish(node, since, crossed)
             return
         rewritten, rewritten_level = self._cross(node, since)
@@ -143,12 +143,12 @@ class Converter(Context):
 
     def _finish(self, node: ir.Node, since: int, crossed: int) -> None:
         """``node`` at the target: its types checked and its subgraphs converted."""
-        schema = onnx.defs.get_schema(node.op_type, self.target)
+        schema = onnx.defs.get_schema(node.op_type, self.target_opset)
         mixed = _mixed_types(node, schema, self.type_of)
         if mixed is not None:
             (a, type_a), (b, type_b) = mixed
             raise OpsetConversionError(
-                node.op_type, crossed, self.target,
+                node.op_type, crossed, self.target_opset,
                 f"'{a}' and '{b}' are of types {_short(type_a)} and {_short(type_b)}, and "
                 f"{node.op_type}-{since} wants one type for both",
                 node.name or "",
@@ -168,7 +168,7 @@ class Converter(Context):
             param, value, type_str = wrong[0]
             allowed = sorted(_short(t) for t in _schema_diff.allowed_types(schema, param.type_str))
             raise OpsetConversionError(
-                node.op_type, crossed, self.target,
+                node.op_type, crossed, self.target_opset,
                 f"'{value.name}' is of type {_short(type_str)}, which {node.op_type}-{since} does "
                 f"not allow (it allows {', '.join(allowed)}), and no wider type it allows holds "
                 "every value exactly",
@@ -178,7 +178,7 @@ class Converter(Context):
         self._apply(node, [*before, node, *after])
         self._lower_subgraphs(node)
         # the casts are checked too: before opset 13, Cast does not take bfloat16
-        cast_since = _schema_diff.since_in_force("Cast", self.target)
+        cast_since = _schema_diff.since_in_force("Cast", self.target_opset)
         assert cast_since is not None  # Cast exists at every opset
         for cast in [*before, *after]:
             self._finish(cast, cast_since, crossed)

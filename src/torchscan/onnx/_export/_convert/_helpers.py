@@ -13,7 +13,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._context import (
     Context,
     attribute,
     present_inputs,
@@ -22,7 +22,7 @@ from torchscan.onnx._convert._context import (
     set_attribute,
     truncate_inputs,
 )
-from torchscan.onnx._convert._registry import Adapter
+from torchscan.onnx._export._convert._registry import Adapter
 
 
 def onnx_adapter(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:

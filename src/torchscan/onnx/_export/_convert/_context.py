@@ -30,26 +30,26 @@ class OpsetConversionError(ExportError):
     """A node that cannot be expressed exactly at an older opset.
 
     ``op`` is its operator, ``node`` its name (``""`` where it has none), ``from_version`` the
-    opset whose version of the operator could not be carried over to ``to_version``, and
+    opset whose version of the operator could not be carried over to ``target_opset``, and
     ``reason`` what is missing there.
     """
 
     __module__ = "torchscan.onnx"
 
     def __init__(
-        self, op: str, from_version: int, to_version: int, reason: str, node: str = ""
+        self, op: str, from_version: int, target_opset: int, reason: str, node: str = ""
     ) -> None:
         self.op = op
         self.from_version = from_version
-        self.to_version = to_version
+        self.target_opset = target_opset
         self.node = node
         self.reason = reason
         where = f" (node '{node}')" if node else ""
         super().__init__(
             f"torch.onnx.export: cannot convert {op}{where} from opset {from_version} to opset "
-            f"{to_version}: {reason}. Export with a newer opset_version (at opset {from_version} "
+            f"{target_opset}: {reason}. Export with a newer opset_version (at opset {from_version} "
             f"this {op} is kept as it is), or compute it in the step with operators that opset "
-            f"{to_version} has."
+            f"{target_opset} has."
         )
 
 
@@ -222,9 +222,9 @@ def tensor_value(name: str, elem: ir.DataType, shape: Sequence[int | None] | Non
 class Context:
     """One model being converted, and what adapters need from it: names, types, constants."""
 
-    def __init__(self, model: ir.Model, source: int, target: int) -> None:
+    def __init__(self, model: ir.Model, source: int, target_opset: int) -> None:
         self.source = source
-        self.target = target
+        self.target_opset = target_opset
         self.root = model.graph
         self.names = _ir.Names.of(model.graph)
         self._constants: dict[ir.Value, np.ndarray | None] = {}
@@ -232,7 +232,7 @@ class Context:
 
     def target_has(self, op: str) -> bool:
         """Whether the target opset has the default-domain operator ``op``."""
-        return _schema_diff.since_in_force(op, self.target) is not None
+        return _schema_diff.since_in_force(op, self.target_opset) is not None
 
     # -- names, types and constants --------------------------------------------------------------
 

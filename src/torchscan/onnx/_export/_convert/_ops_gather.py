@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._blocks import (
+from torchscan.onnx._export._convert._blocks import (
     Int,
     Lengths,
     add,
@@ -29,7 +29,7 @@ from torchscan.onnx._convert._blocks import (
     strides,
     vector,
 )
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._context import (
     Builder,
     Context,
     attribute,
@@ -37,8 +37,12 @@ from torchscan.onnx._convert._context import (
     required,
     static_shape,
 )
-from torchscan.onnx._convert._helpers import drop_added_attributes, negative_axes, onnx_adapter
-from torchscan.onnx._convert._registry import adapters
+from torchscan.onnx._export._convert._helpers import (
+    drop_added_attributes,
+    negative_axes,
+    onnx_adapter,
+)
+from torchscan.onnx._export._convert._registry import adapters
 
 _INT64, _BOOL = ir.DataType.INT64, ir.DataType.BOOL
 
@@ -369,7 +373,7 @@ class ScatterND:
         flat = b.const(np.array([-1], np.int64), "flat")
         index_shape = ctx.shape(indices)
         assert index_shape is not None  # _index_tuples refuses indices of unknown shape
-        if ctx.target < 9:
+        if ctx.target_opset < 9:
             rows = b.op("Reshape", [offsets, flat], _INT64, [None])
             count = product(b, lengths_of(b, indices).of(range(len(index_shape) - 1)))
             row_count = product(b, lengths.of(range(tuple_length)))

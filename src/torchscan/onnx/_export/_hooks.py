@@ -13,9 +13,9 @@ own table, whose entries win). Three private extension points of torch.onnx are 
   that has none is refused in torchscan's words, naming the step function and its line;
 * the version conversion and the optimization torch.onnx runs inside the export, once the model is
   built (``onnxscript_apis.convert_version`` and ``optimize``, read by ``_core`` and
-  ``_onnx_program``): they become :func:`torchscan.onnx._passes.convert_version` and
-  :func:`torchscan.onnx._passes.optimize`, which run torchscan's passes on a model with loops
-  and pass any other model to torch.onnx's own functions. A pass over the finished
+  ``_onnx_program``): they become :func:`torchscan.onnx._export._passes.convert_version` and
+  :func:`torchscan.onnx._export._passes.optimize`, which run torchscan's passes on a model
+  with loops and pass any other model to torch.onnx's own functions. A pass over the finished
   ``ONNXProgram.model`` would come after the optimizer, and after torch.onnx has written the
   file the user asked for.
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from torchscan.onnx import _passes
+from torchscan.onnx._export import _passes
 
 _lock = threading.RLock()
 """Held while the hooks are put in or taken out; nothing is imported while it is held."""
@@ -81,7 +81,7 @@ def translations() -> dict[Any, Any]:
     """torchscan's operators and their ONNX translations, as ``custom_translation_table`` takes
     them."""
     from torchscan import _traced
-    from torchscan.onnx import _translate
+    from torchscan.onnx._export import _translate
 
     return {
         _traced.torchscan_scan: _translate.scan_to_onnx,
@@ -186,9 +186,9 @@ def _with_translations(
         return next((ours for op, ours in metas.items() if target is op), found)
 
     # what torchscan's traced operators read to refuse a loop where the hooks are not in place
-    from torchscan._traced._step_errors import ONNX_HOOKS_ACTIVE
+    from torchscan import _context
 
-    setattr(lookup, ONNX_HOOKS_ACTIVE, lambda: _active(installation))
+    _context.set_onnx_hooks_probe(lambda: _active(installation))
     return lookup
 
 
@@ -213,7 +213,8 @@ def _naming_the_step(dispatch: Any, installation: _Installation) -> Any:
 
 class _ConvertingAPIs:
     """torch.onnx's onnxscript entry points, with ``convert_version`` and ``optimize`` replaced by
-    torchscan's passes (:mod:`torchscan.onnx._passes`) while this installation is in force."""
+    torchscan's passes (:mod:`torchscan.onnx._export._passes`) while this installation is in
+    force."""
 
     def __init__(self, apis: Any, installation: _Installation) -> None:
         self._apis = apis

@@ -12,15 +12,15 @@ import dataclasses
 import onnx_ir as ir
 
 from torchscan.onnx import _opsets
-from torchscan.onnx._check._rules import RULES, _n
-from torchscan.onnx._check._shared_rules import (
+from torchscan.onnx._lint._rules import RULES, _n
+from torchscan.onnx._lint._shared_rules import (
     _check_arity,
     _check_attributes,
     _check_same_type,
     _check_types,
     _optional_inputs,
 )
-from torchscan.onnx._check._site import (
+from torchscan.onnx._lint._site import (
     Dims,
     _conflict,
     _dims,

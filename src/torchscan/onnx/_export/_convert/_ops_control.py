@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._blocks import range_by_loop
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._blocks import range_by_loop
+from torchscan.onnx._export._convert._context import (
     Builder,
     Context,
     attribute,
@@ -19,7 +19,7 @@ from torchscan.onnx._convert._context import (
     set_attribute,
     static_shape,
 )
-from torchscan.onnx._convert._registry import adapters
+from torchscan.onnx._export._convert._registry import adapters
 
 _INT64 = ir.DataType.INT64
 

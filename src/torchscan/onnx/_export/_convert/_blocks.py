@@ -16,7 +16,7 @@ from typing import overload
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._context import FLOATS, Builder
+from torchscan.onnx._export._convert._context import FLOATS, Builder
 
 _INT64, _BOOL = ir.DataType.INT64, ir.DataType.BOOL
 

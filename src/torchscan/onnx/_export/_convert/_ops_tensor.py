@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from torchscan.onnx._convert._context import (
+from torchscan.onnx._export._convert._context import (
     Builder,
     Context,
     as_tensor,
@@ -15,7 +15,7 @@ from torchscan.onnx._convert._context import (
     set_attribute,
     truncate_inputs,
 )
-from torchscan.onnx._convert._registry import adapters
+from torchscan.onnx._export._convert._registry import adapters
 
 
 @adapters("Constant")

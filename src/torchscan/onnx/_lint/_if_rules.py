@@ -18,9 +18,9 @@ import onnx.defs
 import onnx_ir as ir
 
 from torchscan.onnx import _ir
-from torchscan.onnx._check._report import Finding
-from torchscan.onnx._check._rules import RULES
-from torchscan.onnx._check._site import Dims, _dims, _text
+from torchscan.onnx._lint._report import Finding
+from torchscan.onnx._lint._rules import RULES
+from torchscan.onnx._lint._site import Dims, _dims, _text
 
 
 def if_nodes(graph: ir.Graph | ir.Function, prefix: str) -> Iterator[tuple[ir.Node, str]]:

@@ -11,7 +11,7 @@ import torch
 
 import torchscan
 import torchscan.onnx
-from torchscan.onnx import _hoist
+from torchscan.onnx._export import _hoist_bodies
 
 from .._export import onnx_export
 from ._runtimes import assert_runs_close, nodes, run_onnxruntime, run_reference
@@ -190,7 +190,7 @@ def test_option_off_leaves_bodies_as_translated() -> None:
     with torchscan.onnx.export_options(hoist_loop_invariants=False) as options:
         assert not options.hoist_loop_invariants
     assert torchscan.onnx.export_options  # and the default is back on:
-    from torchscan.onnx import _options
+    from torchscan.onnx._export import _options
 
     assert _options.current().hoist_loop_invariants
 
@@ -224,7 +224,7 @@ def test_no_scanned_input_of_a_type_the_target_scan_refuses(opset: int) -> None:
     """bfloat16 came with Scan-16: below, the element's cast stays in the body."""
     model = bfloat16_body()
     before = ir.serde.serialize_model(model)
-    torchscan.onnx.hoist_loop_invariants(model, opset=opset)
+    torchscan.onnx.hoist_loop_invariants(model, target_opset=opset)
     after = ir.serde.serialize_model(model)
     onnx.checker.check_model(after, full_check=True)
     body_ops = [n.op_type for n in body_of(after).node]
@@ -308,7 +308,7 @@ def test_scanned_inputs_the_body_no_longer_reads_are_dropped() -> None:
     )
     before = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
     model = ir.serde.deserialize_model(before)
-    assert _hoist.drop_unread_sequences(model.graph) == 1
+    assert _hoist_bodies.drop_unread_sequences(model.graph) == 1
     after = ir.serde.serialize_model(model)
     onnx.checker.check_model(after, full_check=True)
     (node,) = after.graph.node
@@ -319,4 +319,4 @@ def test_scanned_inputs_the_body_no_longer_reads_are_dropped() -> None:
     inputs = [torch.randn(2), torch.randn(3, 2), torch.randn(2, 3)]
     expected = run_onnxruntime(before, inputs)
     assert_runs_close(run_onnxruntime(after, inputs), expected, rtol=0, atol=0)
-    assert _hoist.drop_unread_sequences(model.graph) == 0
+    assert _hoist_bodies.drop_unread_sequences(model.graph) == 0

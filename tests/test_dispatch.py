@@ -1,0 +1,121 @@
+"""``_dispatch.choose``, the one place that chooses how a loop runs: a table of the contexts a
+scan is called in and the strategy each gets, checked against what ``choose`` answers there
+(and, where it answers "hoisted", what the hoister then did)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import torchscan
+from torchscan import _dispatch, _hoist
+
+T, B, H = 6, 2, 3
+W = torch.randn(H, H) * 0.3
+
+
+def step(h: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = torch.tanh(x @ W + h)
+    return h, h * 2
+
+
+def _scan(xs: torch.Tensor, **options: Any) -> torch.Tensor:
+    h, ys = torchscan.scan(step, torch.zeros(B, H), xs, **options)
+    return h + ys.sum(0)
+
+
+def _xs(n: int = T) -> torch.Tensor:
+    return torch.randn(n, B, H)
+
+
+def _calls(k: int, **options: Any) -> Callable[[], Any]:
+    def run() -> None:
+        for _ in range(k):
+            _scan(_xs(), **options)
+
+    return run
+
+
+def _compiled() -> None:
+    torch._dynamo.reset()
+    torch.compile(_scan, backend="eager", fullgraph=True)(_xs())
+
+
+def _exported() -> None:
+    class M(torch.nn.Module):
+        def forward(self, xs: torch.Tensor) -> torch.Tensor:
+            return _scan(xs)
+
+    torch.export.export(M(), (_xs(),))
+
+
+def _probed() -> None:
+    """A scan in the step of a scan that runs no step: called on fake tensors for its shapes."""
+
+    def outer(c: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return c, _scan(x.unsqueeze(0).expand(T, B, H))
+
+    torchscan.scan(outer, torch.zeros(B, H), torch.zeros(0, B, H), hoist=False)
+
+
+def _vmapped() -> None:
+    torch.func.vmap(lambda xs: _scan(xs))(torch.randn(2, T, B, H))
+
+
+def _inference() -> None:
+    with torch.inference_mode():
+        _scan(_xs())
+
+
+def _checkpointed() -> None:
+    xs = _xs().requires_grad_()
+    checkpoint(lambda xs: _scan(xs, hoist=False), xs, use_reentrant=False).sum().backward()
+
+
+ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
+    # context: (what runs, the strategies choose gives in order, what the hoister did last)
+    "plain, first call": (_calls(1), ["hoisted"], "first call"),
+    "plain, third call": (_calls(3), ["hoisted"] * 3, "hoisted"),
+    "hoist=False": (_calls(1, hoist=False), ["eager"], ""),
+    "hoist=True, first call": (_calls(1, hoist=True), ["hoisted"], "hoisted"),
+    "length 0": (lambda: _scan(_xs(0)), ["empty"], ""),
+    "torch.compile": (_compiled, ["compiled"], ""),
+    "torch.export": (_exported, ["traced"], ""),
+    # the outer scan runs no step; its step, called on fake tensors, calls the inner scan
+    "probing shapes": (_probed, ["empty", "traced"], ""),
+    "vmap": (_vmapped, ["eager"], ""),
+    "inference mode": (_inference, ["eager"], ""),
+    # the forward, then its recomputation in backward
+    "torch.utils.checkpoint": (_checkpointed, ["eager", "eager"], ""),
+}
+
+
+@pytest.mark.parametrize("context", ROUTES, ids=list(ROUTES))
+def test_each_context_gets_its_strategy(context: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, strategies, hoisted = ROUTES[context]
+    chosen: list[str] = []
+    choose = _dispatch.choose
+
+    def spy(plan: Any) -> Any:
+        strategy = choose(plan)
+        chosen.append(strategy)
+        return strategy
+
+    monkeypatch.setattr(_dispatch, "choose", spy)
+    _hoist.clear()
+    run()
+    assert chosen == strategies
+    assert _hoist.last.what == hoisted
+
+
+def test_a_checkpointed_scan_traces_its_step_at_once() -> None:
+    """Under torch.utils.checkpoint, which holds saved tensors hooks, a hoistable step is traced
+    at its first call (its recomputation must save what its forward saved)."""
+    _hoist.clear()
+    xs = _xs().requires_grad_()
+    checkpoint(_scan, xs, use_reentrant=False).sum().backward()
+    assert _hoist.last.what == "hoisted"
