@@ -1,4 +1,4 @@
-"""Hoisting under ``torch.compile`` (``src/torchscan/_compiled_hoist.py``): Inductor's compilation
+"""Hoisting under ``torch.compile`` (``src/torchscan/_hoist/_inductor.py``): Inductor's compilation
 of a scan computes the work of its steps that does not depend on the carry before the loop operator,
 with the hand-written Python loop's results and gradients; steps it cannot rewrite are left as
 they are."""
@@ -12,7 +12,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import torchscan
-from torchscan import _compiled_hoist
+from torchscan._hoist import _inductor as _compiled_hoist
 
 from ._oracles import loop_loop, scan_loop
 

@@ -420,7 +420,7 @@ class CountProducts(torch.overrides.TorchFunctionMode):
 
 def test_a_short_scan_computes_the_sequence_part_in_the_loop():
     model = Elman(H)
-    n = _hoist.BATCH_FROM - 1
+    n = _hoist._policy.BATCH_FROM - 1
     xs, h = torch.randn(n, B, H), torch.randn(B, H)
     (got, what, reason) = run_until_traced(model, h, xs)
     assert what == "hoisted", reason
@@ -447,7 +447,7 @@ def test_hoist_false_never_traces():
 def test_hoisting_that_would_take_too_much_memory_is_left_to_hoist_true(monkeypatch):
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    monkeypatch.setattr(_hoist, "AUTO_MEMORY_LIMIT", T * B * H * 4 - 1)
+    monkeypatch.setattr(_hoist._policy, "AUTO_MEMORY_LIMIT", T * B * H * 4 - 1)
     run_until_traced(model, h, xs)
     with CountProducts() as products:
         got = torchscan.scan(model, h, xs)
@@ -456,7 +456,7 @@ def test_hoisting_that_would_take_too_much_memory_is_left_to_hoist_true(monkeypa
     with CountProducts() as products:
         torchscan.scan(model, h, xs, hoist=True)
     assert products.count == T + 1
-    monkeypatch.setattr(_hoist, "AUTO_MEMORY_LIMIT", T * B * H * 4)
+    monkeypatch.setattr(_hoist._policy, "AUTO_MEMORY_LIMIT", T * B * H * 4)
     with CountProducts() as products:
         torchscan.scan(model, h, xs)
     assert products.count == T + 1
@@ -782,7 +782,7 @@ def test_gradcheck_and_gradgradcheck_through_the_hoisted_loop():
         h = cell(x, h)
         return h, h
 
-    xs = torch.randn(_hoist.BATCH_FROM, 2, 3, dtype=torch.float64, requires_grad=True)
+    xs = torch.randn(_hoist._policy.BATCH_FROM, 2, 3, dtype=torch.float64, requires_grad=True)
     h0 = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
     run_until_traced(step, h0, xs)
     assert _hoist.last.what == "hoisted"

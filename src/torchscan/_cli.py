@@ -108,6 +108,8 @@ def _fail(
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command line's parser: ``torchscan --version``, and ``torchscan check`` with its
+    options (docs/check.md)."""
     from torchscan import __version__
 
     parser = _Parser(

@@ -27,8 +27,9 @@ from typing import Any, cast
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from torchscan import _compat, _compiled_hoist, _context, _eager, _inplace, _pytree
+from torchscan import _compat, _context, _eager, _inplace, _pytree
 from torchscan._eager import device_of
+from torchscan._hoist import _inductor
 from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._steps import Protocol
 
@@ -338,7 +339,7 @@ _train_loops_correctly = _compat.run_untraced_by_dynamo(
 _leave_out_size_asserts = _compat.run_untraced_by_dynamo(
     _compat.run_loops_without_size_asserts_in_this_compile
 )
-_hoist_in_this_compile = _compat.run_untraced_by_dynamo(_compiled_hoist.install_for_this_compile)
+_hoist_in_this_compile = _compat.run_untraced_by_dynamo(_inductor.install_for_this_compile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,7 +438,7 @@ def run_scan(
     what the first step returned when it was traced on its own (which tells the structure of
     ``y``; the compiler drops that computation). Returns ``(carry, ys)``, ``ys`` on ``axis``.
     Unless ``hoist`` is ``False``, Inductor moves the work of the steps that does not depend on
-    the carry out of the loop (:mod:`torchscan._compiled_hoist`). With ``copied``, ``fn`` is
+    the carry out of the loop (:mod:`torchscan._hoist._inductor`). With ``copied``, ``fn`` is
     given copies of its arguments (a step that reshapes views of them in place).
     """
     carry_flat, carry = _Flat.of(init)

@@ -14,7 +14,9 @@ import collections
 import hypothesis
 import pytest
 
-from torchscan import _compiled_hoist, _hoist
+from torchscan import _hoist
+from torchscan._hoist import _inductor as _compiled_hoist
+from torchscan._hoist import _policy
 
 from ._check import RUNS, check_compiled, check_eager, check_vmap
 from ._padded import check_padded, padded_problems
@@ -39,7 +41,7 @@ def test_hoisted_steps_match_the_python_loop(fuzz_settings, monkeypatch) -> None
     within rounding batched (a kernel vectorized over every step may round otherwise than on
     one step, as a product over the whole sequence adds in another order), bit for bit
     unbatched."""
-    monkeypatch.setattr(_hoist, "BATCH_FROM", 1)  # batched over the steps at every length
+    monkeypatch.setattr(_policy, "BATCH_FROM", 1)  # batched over the steps at every length
     outcomes: collections.Counter[str] = collections.Counter()
 
     @fuzz_settings("hoisted")
@@ -51,7 +53,7 @@ def test_hoisted_steps_match_the_python_loop(fuzz_settings, monkeypatch) -> None
             if _hoist.last.what:  # it scans: what its last scan did
                 outcomes[_hoist.last.reason or _hoist.last.what] += 1
                 with monkeypatch.context() as patch:
-                    patch.setattr(_hoist, "BATCH_FROM", 10**9)  # at every step, in the loop
+                    patch.setattr(_policy, "BATCH_FROM", 10**9)  # at every step, in the loop
                     check_eager(program, calls=_hoist.TRACE_AT_CALL)
 
     run()

@@ -1031,6 +1031,12 @@ def _scan(
     buffers: tuple[tuple[Any, ...], ...] = (),
     holder: list[Any] | None = None,
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Run the converted loop as one ``torchscan.scan``: the sequences it steps along (a
+    ``range``'s step numbers, ``enumerate``'s, the tensors of ``zip``) and the ``slices`` it
+    takes at the step number as ``xs``, the ``carry`` as the carry, the values appended to
+    ``lists`` as ``ys`` (returned to be extended), the rows of ``buffers`` written at the step
+    number as ``ys`` written back after the scan. Raises :class:`_Fallback` where the loop is to
+    run as Python after all."""
     from torchscan._scan import scan
 
     for sequence, _ in slices:

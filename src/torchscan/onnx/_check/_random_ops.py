@@ -14,18 +14,10 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
+from torchscan._hoist import _policy
 from torchscan.onnx import _ir
 
-RANDOM_OPS = frozenset(
-    {
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-        "Bernoulli",
-        "Multinomial",
-    }
-)
+RANDOM_OPS = _policy.RANDOM_ONNX_OPS
 """The operators of the default ONNX domain that draw random numbers."""
 
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
+from torchscan._hoist import _policy
 from torchscan.onnx import _ir, _opsets
 
 # Operators applied element by element, with numpy broadcasting between their inputs.
@@ -41,12 +42,6 @@ _ELEMENTWISE = frozenset(
         "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Sub", "Sum", "Tan", "Tanh",
         "ThresholdedRelu", "Where", "Xor",
     }
-)  # fmt: skip
-
-# Operators whose result differs between two calls with the same inputs: never hoisted.
-_NONDETERMINISTIC = frozenset(
-    {"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
-     "RandomUniformLike"}
 )  # fmt: skip
 
 
@@ -130,8 +125,10 @@ class _Step:
     axis: int
 
 
-_VARYING = "varying"  # depends on the carried state (or cannot be moved)
-_OUTSIDE = "outside"  # the same at every step
+# The kinds of _policy: a value of the carry's depends on the carried state (or cannot be moved);
+# a constant's is the same at every step; a sequence's is a _Step, with its layout.
+_VARYING = _policy.Kind.CARRY
+_OUTSIDE = _policy.Kind.CONSTANT
 
 
 def _hoist(
@@ -210,7 +207,7 @@ def _frontier(body: ir.Graph, per_step: list[ir.Node]) -> list[ir.Value]:
 def _classify(node: ir.Node, kinds: dict[ir.Value, object], body: ir.Graph) -> object:
     if (
         not _ir.is_default_domain(node.domain)
-        or node.op_type in _NONDETERMINISTIC
+        or node.op_type in _policy.RANDOM_ONNX_OPS
         or any(
             a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
             for a in node.attributes.values()

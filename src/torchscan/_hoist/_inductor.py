@@ -28,10 +28,10 @@ import torch
 import torch.fx
 
 from torchscan import _compat
+from torchscan._hoist._policy import Kind, join
 
 __all__ = ["PURE_FUNCTIONS", "PURE_METHODS", "hoist_scans", "install_for_this_compile", "last"]
 
-_CONSTANT, _SEQUENCE, _CARRY = 0, 1, 2
 
 _F = torch.nn.functional
 PURE_FUNCTIONS: frozenset[Any] = frozenset(
@@ -129,6 +129,13 @@ def _pure(node: torch.fx.Node) -> bool:
 
 
 def _hoist_scan(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite the scan operator ``node`` of ``gm``, in place, where its body is made of pure
+    operations only: each body node gets its :class:`~._policy.Kind` (the carry's placeholders,
+    the sequences', the rest constants; a node the join of its inputs'), the sequence nodes
+    that the carry's nodes or the outputs read are computed before the loop by
+    :func:`map_over_steps` over every step, and their values become new sequences of the
+    operator, the body keeping the rest. Returns whether it rewrote anything (:data:`last`
+    records what moved)."""
     if len(node.args) != 4 or node.kwargs:
         return False
     body_node, *lists = node.args
@@ -153,21 +160,23 @@ def _hoist_scan(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     # refuses
     if body.graph.eliminate_dead_code():
         body.recompile()
-    klass: dict[torch.fx.Node, int] = {}
+    klass: dict[torch.fx.Node, Kind] = {}
     for i, p in enumerate(placeholders):
-        klass[p] = _CARRY if i < n_carry else _SEQUENCE if i < n_carry + n_x else _CONSTANT
+        klass[p] = (
+            Kind.CARRY if i < n_carry else Kind.SEQUENCE if i < n_carry + n_x else Kind.CONSTANT
+        )
     for n in body.graph.nodes:
         if n.op == "call_method" and n.target == "clone":
-            klass[n] = _CARRY  # the loop operator's copy of what it returns stays in the loop
+            klass[n] = Kind.CARRY  # the loop operator's copy of what it returns stays in the loop
         elif n.op in ("call_function", "call_method", "get_attr"):
-            klass[n] = max((klass[a] for a in n.all_input_nodes), default=_CONSTANT)
+            klass[n] = join(klass[a] for a in n.all_input_nodes)
     crossing = [
         n
         for n in body.graph.nodes
         if n.op != "placeholder"
-        and klass.get(n) == _SEQUENCE
+        and klass.get(n) == Kind.SEQUENCE
         and isinstance(n.meta.get("example_value"), torch.Tensor)
-        and any(u.op == "output" or klass.get(u) == _CARRY for u in n.users)
+        and any(u.op == "output" or klass.get(u) == Kind.CARRY for u in n.users)
     ]
     if not crossing:
         return False
