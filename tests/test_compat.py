@@ -180,6 +180,28 @@ def _linalg_check_api() -> None:
     ]
 
 
+def _onnx_converter_assertion() -> None:
+    import onnx
+    import onnx.version_converter
+    from onnx import TensorProto
+    from onnx import helper as oh
+
+    argmax = oh.make_node("ArgMax", ["x"], ["y"], axis=0, select_last_index=1)
+    graph = oh.make_graph(
+        [argmax],
+        "g",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [oh.make_tensor_value_info("y", TensorProto.INT64, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 12)])
+    with pytest.raises(RuntimeError) as info:
+        onnx.version_converter.convert_version(model, 11)
+    first = str(info.value).split("\n")[0]
+    assert first.split(_compat.ONNX_CONVERTER_ASSERTION)[-1] == (
+        "Attribute select_last_index must have value 0"
+    )
+
+
 def _in_source(dependency: _compat.TextDependency) -> None:
     """A log message: the module that logs it still says it."""
     assert dependency.text in inspect.getsource(importlib.import_module(dependency.source))
@@ -191,6 +213,7 @@ TEXT_PROBES = {
     "uncaptured-hop-name": _uncaptured_hop_name,
     "linalg-check-api": _linalg_check_api,
     "vmap-control-flow": _vmap_control_flow,
+    "onnx-converter-assertion": _onnx_converter_assertion,
     "onnx-signature-warning": _in_source,
     "unfound-user-code-warning": _in_source,
 }

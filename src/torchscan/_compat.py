@@ -130,6 +130,10 @@ DISTRIBUTION_CHECK_OPERATOR = "aten._is_all_true.default"
 from torch 2.15, while torch exports, it asserts its result at run time rather than reading it,
 and torch.onnx has no translation of it."""
 
+ONNX_CONVERTER_ASSERTION = "failed: "
+"""What onnx's version converter writes before the reason, in the first line of the error an
+adapter's failed assertion raises (``...: Assertion `...` failed: <reason>``)."""
+
 ONNX_SIGNATURE_WARNING = (
     "torch.onnx._internal.exporter._registration",
     "Failed to infer the signature for function",
@@ -978,6 +982,13 @@ TEXT_DEPENDENCIES: tuple[TextDependency, ...] = (
         ONNX_SIGNATURE_WARNING[1],
         "torchscan.onnx._export._hooks._drop_signature_warning",
         "silence the warning that torchscan's translations take no ONNX signature",
+    ),
+    TextDependency(
+        "onnx-converter-assertion",
+        "onnx.version_converter.convert_version, an adapter's failed assertion (C++)",
+        ONNX_CONVERTER_ASSERTION,
+        "torchscan.onnx._export._convert._context.Context.run_onnx_adapter",
+        "say why onnx's own adapter refuses a node, in the refusal that names the node",
     ),
     TextDependency(
         "unfound-user-code-warning",

@@ -26,23 +26,21 @@ from typing import Any
 import torch
 
 # -- what traces the code ----------------------------------------------------------------------
+#
+# torch's own functions, not wrappers of them: TorchDynamo answers them as it traces, and, where a
+# graph break runs torchscan's code untraced under torch.compile, compiles no frame of a wrapper
+# that would answer True there.
 
+compiling = torch.compiler.is_compiling
+"""Whether ``torch.compile`` or ``torch.export`` traces the code now (TorchDynamo, or the
+tracing of AOTAutograd or non-strict export): its tensors may have no values to read."""
 
-def compiling() -> bool:
-    """Whether ``torch.compile`` or ``torch.export`` traces the code now (TorchDynamo, or the
-    tracing of AOTAutograd or non-strict export): its tensors may have no values to read."""
-    return torch.compiler.is_compiling()
+dynamo_tracing = torch.compiler.is_dynamo_compiling
+"""Whether TorchDynamo traces the code now (``torch.compile``, strict export, the branches of
+``torch.cond``): it reads no context variable and runs no untraceable Python."""
 
-
-def dynamo_tracing() -> bool:
-    """Whether TorchDynamo traces the code now (``torch.compile``, strict export, the branches
-    of ``torch.cond``): it reads no context variable and runs no untraceable Python."""
-    return torch.compiler.is_dynamo_compiling()
-
-
-def exporting() -> bool:
-    """Whether ``torch.export`` traces the model now (``torch.onnx.export`` does)."""
-    return torch.compiler.is_exporting()
+exporting = torch.compiler.is_exporting
+"""Whether ``torch.export`` traces the model now (``torch.onnx.export`` does)."""
 
 
 # -- the torch.onnx export in progress ---------------------------------------------------------

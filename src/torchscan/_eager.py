@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from torchscan import _context, _pytree, _steps, _traced
+from torchscan import _context, _layout, _pytree, _steps, _traced
 from torchscan._errors import TorchscanValueError
 from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._until import Until
@@ -52,11 +52,7 @@ def _refusing_until(plan: ScanPlan) -> Callable[[Any, Any], Any]:
     def step(carry: Any, x: Any) -> Any:
         out = fn(carry, x)
         if isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], Until):
-            raise TorchscanValueError(
-                f"{protocol.api}: {protocol.fn_name} returned until, which cannot be combined "
-                "with in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: give every "
-                "leaf the same axis and direction (axis=, reverse=)."
-            )
+            raise _layout.until_per_leaf(protocol.api, protocol.fn_name)
         return out
 
     return step

@@ -90,6 +90,17 @@ def directions(
     return inputs, reverse if out_reverse is None else out_reverse
 
 
+def until_per_leaf(api: str, fn_name: str) -> TorchscanValueError:
+    """The refusal of a step that returns ``until`` in a scan whose axes or directions are given
+    leaf by leaf (eagerly and traced alike): a run that stops early has one length, read one
+    way."""
+    return TorchscanValueError(
+        f"{api}: {fn_name} returned until, which cannot be combined with in_axes, out_axes, "
+        "in_reverse or out_reverse given leaf by leaf: give every leaf the same axis and "
+        "direction (axis=, reverse=)."
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class OutLayout:
     """The stacking axis and the direction of every leaf of ``ys``: one ``axis`` for all, or

@@ -762,7 +762,7 @@ def test_an_adapter_is_registered_once_per_domain_operator_and_version() -> None
 
 
 def test_an_operator_is_declared_by_one_class() -> None:
-    """``adapters`` registers a class's ``version_N`` for each of its operators at boundary
+    """``adapters`` registers a class's ``below_N`` for each of its operators at boundary
     ``N``, records the class, and refuses a second class for an operator."""
     from torchscan.onnx._export._convert._registry import AdapterRegistry
 
@@ -773,14 +773,14 @@ def test_an_operator_is_declared_by_one_class() -> None:
 
     @registry.declare("Foo", "Bar")
     class FooBar:
-        version_9 = adapter
+        below_9 = adapter
 
         @staticmethod
-        def version_11(node, ctx, boundary):
+        def below_11(node, ctx, boundary):
             return [node]
 
     assert registry.lookup("ai.onnx", "Foo", 9) is adapter
-    assert registry.lookup("", "Bar", 11) is FooBar.version_11
+    assert registry.lookup("", "Bar", 11) is FooBar.below_11
     assert registry.declared_by("ai.onnx", "Bar") is FooBar
     assert registry.declared_by("", "Baz") is None
     assert len(registry) == 4
@@ -790,7 +790,7 @@ def test_an_operator_is_declared_by_one_class() -> None:
 
         @registry.declare("Baz", "Bar")
         class Bar:
-            version_13 = adapter
+            below_13 = adapter
 
     assert (registry.lookup("", "Bar", 13), registry.lookup("", "Baz", 13)) == (None, None)
     with pytest.raises(torchscan.TorchscanValueError, match="declares no adapter"):
@@ -818,7 +818,7 @@ def _adapter_modules() -> dict[str, types.ModuleType]:
 
 def test_every_operators_adapters_are_declared_together_in_one_class() -> None:
     """Every registered ``(domain, op, b)`` is ``version_b`` of the one class that declares the
-    adapters of ``op``, a class of an ``_ops_*`` module, and every ``version_N`` of that class is
+    adapters of ``op``, a class of an ``_ops_*`` module, and every ``below_N`` of that class is
     registered for ``op``: all of an operator's versions are in one place. A class with adapters
     that declares no operator (its decorator forgotten) fails too."""
     from torchscan.onnx._export._convert import _converter  # noqa: F401  (it imports every adapter)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx.defs
 import onnx_ir as ir
 import pytest
@@ -44,10 +46,24 @@ def test_loop_version_in_force(opset: int, since: int) -> None:
     assert loop_version(opset).since == since
 
 
+def _convert_to(opset: int) -> None:
+    import onnx_ir as ir
+
+    from torchscan.onnx._export._convert import convert_model
+
+    convert_model(
+        ir.Model(ir.Graph([], [], nodes=[], opset_imports={"": 25}), ir_version=13), opset
+    )
+
+
 @pytest.mark.parametrize("opset", [7, 26])
-def test_opsets_outside_the_range_are_refused(opset: int) -> None:
+@pytest.mark.parametrize(
+    "asks", [scan_version, loop_version, _convert_to], ids=["scan", "loop", "convert"]
+)
+def test_opsets_outside_the_range_are_refused(opset: int, asks: Any) -> None:
+    """One message, wherever an opset is asked for."""
     with pytest.raises(ValueError, match=f"torchscan exports to opsets 8 to 25, but opset {opset}"):
-        scan_version(opset)
+        asks(opset)
 
 
 # The element types each version added, as the ONNX specification lists them.

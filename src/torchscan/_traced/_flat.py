@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchscan import _checks, _context, _pytree
+from torchscan import _checks, _context, _layout, _pytree
 from torchscan._compat import (
     disable_proxy_modes_tracing,
     guard_on_data_dependent_error,
@@ -194,11 +194,7 @@ def traced_scan(plan: ScanPlan, check_types: TypeCheck | None = None) -> tuple[A
     flat.probe(step, *flat.carries, *[_slice_like(x, a) for x, a in zip(xs, in_axes, strict=True)])
     if flat.has_until:
         if direction is None:
-            raise TorchscanValueError(
-                f"{plan.protocol.api}: {plan.protocol.fn_name} returned until, which cannot be "
-                "combined with in_axes, out_axes, in_reverse or out_reverse given leaf by leaf: "
-                "give every leaf the same axis and direction (axis=, reverse=)."
-            )
+            raise _layout.until_per_leaf(plan.protocol.api, plan.protocol.fn_name)
         return _scan_as_loop(flat, xs, in_axes, x_of, plan.length, plan.out.axis, *direction)
     scan_xs, scan_axes = (xs, in_axes) if xs else _empty_sequence(plan.length)
     if direction is not None:

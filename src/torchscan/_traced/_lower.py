@@ -23,7 +23,7 @@ import torch
 from torchscan._compat import scan_operator
 from torchscan._errors import TorchscanValueError
 from torchscan._traced._loop_op import torchscan_loop
-from torchscan._traced._scan_op import torchscan_scan
+from torchscan._traced._scan_op import ScanStatic, torchscan_scan
 
 
 def call_torch_scan(module: torch.nn.Module) -> None:
@@ -81,11 +81,9 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return distinct
 
 
-def scan_with_torch(
-    body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty
-) -> tuple[torch.Tensor, ...]:
+def scan_with_torch(body, carries, xs, captured, *static) -> tuple[torch.Tensor, ...]:
     """``torchscan_scan(...)`` computed by torch's scan."""
-    del nonempty
+    in_axes, in_reverse, out_axes, out_reverse, _ = ScanStatic(*static)
     n = len(carries)
     xs = [
         _move((x.flip(a) if r else x), a, 0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -28,32 +28,49 @@ from torchscan._traced._body import (
 from torchscan._traced._step_errors import attach, refuse_without_onnx_hooks, step_of
 
 
-class ScanOp(HigherOrderOperator):
-    def __init__(self) -> None:
-        super().__init__("torchscan_scan")
+class ScanStatic(NamedTuple):
+    """The static arguments of ``torchscan_scan``, after its tensors: the axis and direction of
+    every sequence (``in_axes``, ``in_reverse``) and of every output (``out_axes``,
+    ``out_reverse``; one entry stands for every output), and whether the traced program keeps
+    the length at 1 or more (``nonempty``). Every kernel, and the translation to ONNX, reads
+    them through this tuple."""
 
-    def __call__(
-        self,
-        body,
-        carries,
-        xs,
-        captured,
-        in_axes,
-        in_reverse,
-        out_axes,
-        out_reverse,
-        nonempty=False,
-    ):
-        return super().__call__(
-            body,
-            tuple(carries),
-            tuple(xs),
-            tuple(captured),
+    in_axes: tuple[int, ...]
+    in_reverse: tuple[bool, ...]
+    out_axes: tuple[int, ...]
+    out_reverse: tuple[bool, ...]
+    nonempty: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        in_axes: Sequence[Any],
+        in_reverse: Sequence[Any],
+        out_axes: Sequence[Any],
+        out_reverse: Sequence[Any],
+        nonempty: Any = False,
+    ) -> ScanStatic:
+        """The static arguments as the operator takes them: tuples of Python ints and bools."""
+        return cls(
             tuple(int(a) for a in in_axes),
             tuple(bool(r) for r in in_reverse),
             tuple(int(a) for a in out_axes),
             tuple(bool(r) for r in out_reverse),
             bool(nonempty),
+        )
+
+
+class ScanOp(HigherOrderOperator):
+    """``torchscan_scan(body, carries, xs, captured, *static)`` returns ``(*final_carries,
+    *ys)``; ``body(*carries, *x_slices, *captured)`` returns ``(*new_carries, *y_slices)``;
+    ``static`` is a :class:`ScanStatic`."""
+
+    def __init__(self) -> None:
+        super().__init__("torchscan_scan")
+
+    def __call__(self, body, carries, xs, captured, *static):
+        return super().__call__(
+            body, tuple(carries), tuple(xs), tuple(captured), *ScanStatic.of(*static)
         )
 
 
@@ -92,12 +109,11 @@ def _scan_length(xs: Sequence[torch.Tensor], in_axes: Sequence[int]) -> Any:
 
 
 @torchscan_scan.py_impl(DispatchKey.CompositeExplicitAutograd)
-def _dense(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty):
+def _scan_dense(body, carries, xs, captured, *static):
+    in_axes, in_reverse, out_axes, out_reverse, _ = ScanStatic(*static)
     length = _scan_length(xs, in_axes)
     if length == 0:
-        empty = _fake(
-            body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty
-        )
+        empty = _scan_fake(body, carries, xs, captured, *static)
         return (*carries, *empty[len(carries) :])
     carries = list(carries)
     steps = []
@@ -122,7 +138,8 @@ def _dense(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_rever
 
 
 @register_fake(torchscan_scan, skip_cache=True)
-def _fake(body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty):
+def _scan_fake(body, carries, xs, captured, *static):
+    in_axes, _, out_axes, _, _ = ScanStatic(*static)
     x = [slice_like(leaf, a) for leaf, a in zip(xs, in_axes, strict=True)]
     with as_traced_body():
         out = body(*carries, *x, *captured)
@@ -142,40 +159,29 @@ _untrainable_scan = autograd_not_implemented(torchscan_scan, deferred_error=True
 
 
 @torchscan_scan.py_impl(DispatchKey.Autograd)
-def _autograd(body, carries, xs, captured, *static):
+def _scan_autograd(body, carries, xs, captured, *static):
     """On real tensors (an exported program's module, trained), the Python loop with autograd
     recording every step, as an eager scan does. While traced (torch.export,
     ``run_decompositions``, torch.onnx), no backward is recorded, so that no graph is unrolled:
     a backward through the traced operator fails when it is asked for."""
     if runs_eagerly((*carries, *xs, *captured)):
-        return _dense(body, carries, xs, captured, *static)
+        return _scan_dense(body, carries, xs, captured, *static)
     return _untrainable_scan(body, carries, xs, captured, *static)
 
 
 @torchscan_scan.py_functionalize_impl
-def _functionalize(
-    ctx, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty
-):
+def _scan_functionalize(ctx, body, carries, xs, captured, *static):
     carries, xs, captured = [ctx.unwrap_tensors(group) for group in (carries, xs, captured)]
     with ctx.redispatch_to_next():
         functional_body = ctx.functionalize(maybe_run_with_interpreter(body))
         attach(functional_body, step_of(body))
-        out = torchscan_scan(
-            functional_body,
-            carries,
-            xs,
-            captured,
-            in_axes,
-            in_reverse,
-            out_axes,
-            out_reverse,
-            nonempty,
-        )
+        out = torchscan_scan(functional_body, carries, xs, captured, *static)
     return ctx.wrap_tensors(out)
 
 
 @torchscan_scan.py_impl(ProxyTorchDispatchMode)
-def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty):
+def _scan_trace(mode, body, carries, xs, captured, *static):
+    in_axes, _, out_axes, out_reverse, _ = ScanStatic(*static)
     refuse_without_onnx_hooks(body)
     with disable_proxy_modes_tracing():
         # Cloned, so that a closure reference to the initial carry stays the outer value.
@@ -190,8 +196,10 @@ def _trace(mode, body, carries, xs, captured, in_axes, in_reverse, out_axes, out
     )
     out_reverse = _broadcast(out_reverse, len(ys))
     length = _scan_length(xs, in_axes)
-    nonempty = bool(lower_bound(length) >= 1)
-    args = (body_gm, carries, xs, captured, in_axes, in_reverse, out_axes, out_reverse, nonempty)
+    laid_out = ScanStatic(*static)._replace(
+        out_axes=out_axes, out_reverse=out_reverse, nonempty=bool(lower_bound(length) >= 1)
+    )
+    args = (body_gm, carries, xs, captured, *laid_out)
     with disable_proxy_modes_tracing():
         example = (
             *[c.new_empty(c.shape) for c in carries],

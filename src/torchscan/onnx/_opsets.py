@@ -37,12 +37,17 @@ opset declares, as older runtimes read no newer one. (A test holds it against on
 table.)"""
 
 
-def ir_version_for(opset: int) -> int:
-    """The oldest IR version released with ``opset`` (IR 3 came with opset 8)."""
-    if opset not in IR_VERSIONS:
+def check_opset(opset: int) -> None:
+    """Refuse an ``opset`` that torchscan does not export to, as every function here does."""
+    if not MIN_OPSET <= opset <= MAX_OPSET:
         raise TorchscanValueError(
             f"torchscan exports to opsets {MIN_OPSET} to {MAX_OPSET}, but opset {opset} was asked"
         )
+
+
+def ir_version_for(opset: int) -> int:
+    """The oldest IR version released with ``opset`` (IR 3 came with opset 8)."""
+    check_opset(opset)
     return IR_VERSIONS[opset]
 
 
@@ -101,10 +106,7 @@ newest whose ``since`` is not above it (:func:`loop_version`)."""
 
 
 def _in_force(versions: tuple[OpVersion, ...], opset: int) -> OpVersion:
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise TorchscanValueError(
-            f"torchscan exports to opsets {MIN_OPSET} to {MAX_OPSET}, but opset {opset} was asked"
-        )
+    check_opset(opset)
     return [v for v in versions if v.since <= opset][-1]
 
 

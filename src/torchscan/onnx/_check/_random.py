@@ -173,7 +173,7 @@ def _equal_dims(model: ir.Model) -> list[tuple[str, list[Dim]]]:
     scan inputs of each Scan node along their scan axes, and at Scan-8 the batch sizes of its
     inputs too. The shapes are those of ``model``, the model with the types ONNX shape inference
     adds (:attr:`~torchscan.onnx._lint._load.LoadedModel.typed`)."""
-    opset = _lint.default_opset(model.opset_imports)
+    opset = _ir.default_opset(model.opset_imports)
     version = None if opset is None else _lint.version_in_force("Scan", opset)
     if version is None:
         return []

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx_ir as ir
 
 from torchscan._errors import TorchscanValueError
 
@@ -375,8 +376,6 @@ def _empty_stacks(node, first: int, what: str) -> list[np.ndarray]:
     """The scan outputs of a loop node that ran no step: empty along a new axis 0, of the element
     types and shapes its body declares for its outputs from ``first`` on. Raises
     ``NotImplementedError`` (the runtime does not run the model) where a shape is not static."""
-    import onnx.helper
-
     body = next(a.g for a in node.attribute if a.name == "body")
     stacks = []
     for output in body.output[first:]:
@@ -391,6 +390,6 @@ def _empty_stacks(node, first: int, what: str) -> list[np.ndarray]:
                 f"{what} has scan outputs whose shape its body does not declare "
                 f"({output.name!r}), so their shape is unknown"
             )
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        dtype = ir.DataType(tensor.elem_type).numpy()
         stacks.append(np.empty((0, *(d.dim_value for d in dims)), dtype=dtype))
     return stacks

@@ -291,7 +291,7 @@ def warn_onnxruntime_gaps(model: ir.Model) -> None:
     of an operator version that onnxruntime has no kernel for
     (:data:`ONNXRUNTIME_MISSING_KERNELS`), naming the versions, the nodes and the opset to
     export at instead."""
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    opset = _ir.default_opset(model.opset_imports)
     if opset is None:
         return
     found: dict[str, list[str]] = {}

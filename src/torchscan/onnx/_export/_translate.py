@@ -10,10 +10,12 @@ its higher-order operators do (``torch/onnx/_internal/exporter/_torchlib/ops/hop
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import onnx_ir as ir
 
 from torchscan._errors import ExportError
+from torchscan._traced._scan_op import ScanStatic
 from torchscan.onnx._export._empty_loops import MAY_RUN_NO_ITERATION
 
 
@@ -68,19 +70,17 @@ def scan_to_onnx(
     carries: Sequence[ir.Value],
     xs: Sequence[ir.Value],
     captured: Sequence[ir.Value],
-    in_axes: Sequence[int],
-    in_reverse: Sequence[bool],
-    out_axes: Sequence[int],
-    out_reverse: Sequence[bool],
-    nonempty: bool = False,
+    *static: Any,
 ) -> Sequence[ir.Value]:
-    """``torchscan_scan`` as one ``Scan`` node.
+    """``torchscan_scan`` as one ``Scan`` node; ``static`` is the operator's
+    :class:`~torchscan._traced._scan_op.ScanStatic`.
 
     Axes are non-negative (the operator normalises them), which every Scan version from 9 on
     accepts; Scan-8's batch axis is made by the down-conversion to opset 8. ``nonempty`` says
     that the exported program's shapes keep the length at 1 or more; where they do not, the
     Scan is guarded against a length of 0 (see :class:`_EmptyGuard`).
     """
+    in_axes, in_reverse, out_axes, out_reverse, nonempty = ScanStatic.of(*static)
     recorder = _recorder()
     tag = body.name
     inputs = [_input_like(f"{tag}_state_{i}", c) for i, c in enumerate(carries)] + [

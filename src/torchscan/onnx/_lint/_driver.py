@@ -13,7 +13,7 @@ no rule to apply.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import onnx
 import onnx.defs
@@ -61,7 +61,7 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
         in force for the node is unknown.
     """
     graph = model if isinstance(model, ir.Model) else _load.typed_model(model)
-    opset = default_opset(graph.opset_imports)
+    opset = _ir.default_opset(graph.opset_imports)
     findings: list[Finding] = []
     nodes: list[CheckedNode] = []
     others: list[CheckedNode] = []
@@ -71,7 +71,7 @@ def lint(model: ir.Model | onnx.ModelProto) -> LintResult:
         (
             function,
             f"function '{function.name}' > ",
-            _default_opset_ir(function.opset_imports) or opset,
+            _ir.default_opset(function.opset_imports) or opset,
         )
         for function in graph.functions.values()
     ]
@@ -129,16 +129,6 @@ def _version_text(op: str, opset: int | None) -> str:
 
 
 # --- finding the nodes and the version in force -------------------------------------------------
-
-
-def default_opset(imports: Mapping[str, int]) -> int | None:
-    """The version of the default ONNX domain among a model's ``{domain: version}`` opset
-    imports (the first that names it, ``""`` or ``"ai.onnx"``), or None."""
-    return next((v for domain, v in imports.items() if _ir.is_default_domain(domain)), None)
-
-
-def _default_opset_ir(imports: dict[str, int]) -> int | None:
-    return _ir.default_opset(imports)
 
 
 def _loop_nodes(graph: ir.Graph | ir.Function, prefix: str) -> Iterator[tuple[ir.Node, str]]:

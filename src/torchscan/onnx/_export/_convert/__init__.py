@@ -75,11 +75,7 @@ def convert_model(model: ir.Model, target_opset: int, *, in_place: bool = False)
     source = _ir.default_opset(model.opset_imports)
     if source is None:
         raise TorchscanValueError("the model imports no default-domain opset")
-    if target_opset < _opsets.MIN_OPSET:
-        raise TorchscanValueError(
-            f"opsets below {_opsets.MIN_OPSET} are not supported, but opset {target_opset} was "
-            "asked"
-        )
+    _opsets.check_opset(target_opset)
     if target_opset > source:
         raise TorchscanValueError(
             f"the model is at opset {source} and cannot be converted up to opset {target_opset}"

@@ -22,6 +22,7 @@ import onnx.shape_inference
 import onnx.version_converter
 import onnx_ir as ir
 
+from torchscan import _compat
 from torchscan._errors import ExportError
 from torchscan.onnx import _ir, _schema_diff
 
@@ -366,7 +367,7 @@ class Context:
         try:
             converted = onnx.version_converter.convert_version(mini, boundary - 1)
         except Exception as error:  # onnx raises RuntimeError subclasses with the assertion text
-            message = str(error).split("\n")[0].split("failed: ")[-1]
+            message = str(error).split("\n")[0].split(_compat.ONNX_CONVERTER_ASSERTION)[-1]
             raise self.refuse(node, boundary, message) from None
         return self.splice(converted, node)
 

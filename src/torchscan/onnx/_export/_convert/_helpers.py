@@ -3,7 +3,7 @@ from the front, attributes added with a default that keeps the older behaviour, 
 were attributes.
 
 An operator's class (in an ``_ops_*`` module) names the one it uses at a boundary:
-``version_11 = negative_axes("axes")``. The factories return a new adapter for each use, holding
+``below_11 = negative_axes("axes")``. The factories return a new adapter for each use, holding
 what differs from one operator to another (the attribute, its neutral value).
 """
 

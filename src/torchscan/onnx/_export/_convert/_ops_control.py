@@ -29,7 +29,7 @@ class If:
     """If: branches that return different shapes at opset 11."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """If-11 lets the branches return tensors of different shapes; If-1 says the outputs of the
         two branches "must be of the same shape". The node is kept unless the shapes known for an
         output differ."""
@@ -61,7 +61,7 @@ class Loop:
     """Loop: no carried value at opset 11."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Loop-11 allows a loop without carried values; Loop-1 needs at least one, so an unused
         one is added to the node and its body."""
         if len(node.inputs) > 2:
@@ -90,7 +90,7 @@ class Scan:
     back at opset 11."""
 
     @staticmethod
-    def version_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Scan-8 has a leading batch axis on every carried value and sequence, scans sequences
         along axis 1, takes ``sequence_lens`` first, and has no scan axes nor output directions;
         Scan-9 has none of that. Every input gets a batch axis of 1 (after moving its scan axis to
@@ -152,7 +152,7 @@ class Scan:
         return b.nodes
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Scan-11 lets ``scan_input_axes`` and ``scan_output_axes`` count from the back; they are
         counted from the front. A scanned output has one axis more than the body's output."""
         scanned = attribute(node, "num_scan_inputs")
@@ -208,7 +208,7 @@ class Range:
     """Range, which opset 11 introduced."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Range does not exist before opset 11. A Loop emits ``start + i * delta`` for
         ``i < ceil((limit - start) / delta)``, the definition of Range, computed in the type of its
         inputs; a negative count runs no iteration. For integers, the ceiling of the quotient is
@@ -225,7 +225,7 @@ class CumSum:
     """CumSum, which opset 11 introduced."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """CumSum does not exist before opset 11. A Scan along ``axis`` adds one slice at a time to
         a running sum, in the order CumSum sums (backwards for ``reverse=1``), and emits the sum
         after each slice, or before it for ``exclusive=1``."""

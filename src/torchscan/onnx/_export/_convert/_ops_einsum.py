@@ -87,7 +87,7 @@ class Einsum:
     """Einsum, which opset 12 introduced."""
 
     @staticmethod
-    def version_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Einsum does not exist before opset 12. Its equation is decomposed: each operand is first
         summed over the subscripts that no other operand and not the output has; then the operands
         are multiplied two at a time, left to right. In each product the subscripts of both are

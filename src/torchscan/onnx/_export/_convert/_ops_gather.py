@@ -139,7 +139,7 @@ def _one_hot_indices(b: Builder, node: ir.Node) -> ir.Value:
 class Gather:
     """Gather: an axis and indices that count from the back at opset 11."""
 
-    version_11 = _axis_and_indices_from_front
+    below_11 = _axis_and_indices_from_front
 
 
 @adapters("Scatter")
@@ -148,7 +148,7 @@ class Scatter:
     11."""
 
     @staticmethod
-    def version_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Scatter does not exist before opset 9 (nor ScatterElements, which is the same operator):
         ``output[i][index[i][j]] = updates[i][j]`` for ``axis = 1``. Without it, each element of the
         result is chosen: with ``axis`` moved to the front, the indices and updates are first
@@ -223,7 +223,7 @@ class Scatter:
             b.op("Transpose", [result], None, output=node.outputs[0], perm=inverse)
         return b.nodes
 
-    version_11 = _axis_and_indices_from_front
+    below_11 = _axis_and_indices_from_front
 
 
 @adapters("ScatterElements")
@@ -233,28 +233,28 @@ class ScatterElements:
     otherwise."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """ScatterElements does not exist before opset 11; Scatter-9 is the same operator ("Scatter
         ... is deprecated. Please use ScatterElements, which provides the same functionality")
         without negative axes and indices."""
         node.op_type = "Scatter"
         return _axis_and_indices_from_front(node, ctx, boundary)
 
-    version_16 = version_18 = onnx_adapter
+    below_16 = below_18 = onnx_adapter
 
 
 @adapters("OneHot")
 class OneHot:
     """OneHot: an axis and indices that count from the back at opset 11."""
 
-    version_11 = _one_hot_from_front
+    below_11 = _one_hot_from_front
 
 
 @adapters("Compress")
 class Compress:
     """Compress: an axis that counts from the back at opset 11."""
 
-    version_11 = negative_axes("axis")
+    below_11 = negative_axes("axis")
 
 
 @adapters("GatherElements")
@@ -262,7 +262,7 @@ class GatherElements:
     """GatherElements, which opset 11 introduced."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """GatherElements does not exist before opset 11:
         ``out[i][j][k] = data[i][index[i][j][k]][k]`` for ``axis = 1`` ("its output shape is the
         same as the shape of indices"), with negative indices counted from the back (see
@@ -315,7 +315,7 @@ class GatherND:
     """GatherND, which opset 11 introduced; ``batch_dims`` at opset 12, dropped where it is 0."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """GatherND does not exist before opset 11. Index tuples of length 1 (``indices`` of shape
         [..., 1], what torch.onnx makes of ``x[:, idx]``) gather slices along axis 0, as Gather
         does. Longer tuples of length k (``t[a, b]``) gather from the data with its first k axes
@@ -345,7 +345,7 @@ class GatherND:
         b.op("Gather", [merged, offsets], None, output=node.outputs[0], axis=0)
         return b.nodes
 
-    version_12 = drop_added_attributes(batch_dims=0)
+    below_12 = drop_added_attributes(batch_dims=0)
 
 
 @adapters("ScatterND")
@@ -355,7 +355,7 @@ class ScatterND:
     otherwise."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """ScatterND does not exist before opset 11: ``output[indices[idx]] = updates[idx]``, each
         index tuple of length k naming a slice of the last r - k axes. From opset 9 on, it is a
         Scatter-9 along the one axis of the flattened data: each element of a slice goes to the
@@ -400,7 +400,7 @@ class ScatterND:
         b.op("Reshape", [chosen, whole], None, output=node.outputs[0])
         return b.nodes
 
-    version_16 = version_18 = onnx_adapter
+    below_16 = below_18 = onnx_adapter
 
 
 def _flat(b: Builder, data: ir.Value) -> ir.Value:
@@ -558,7 +558,7 @@ class Where:
     """Where, which opset 9 introduced."""
 
     @staticmethod
-    def version_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Where does not exist before opset 9. For an output of static shape S with N elements it
         is computed by selection alone, which keeps every value, infinities and NaN included: y and
         x broadcast to S and flattened are concatenated, and element i of the result is element

@@ -38,7 +38,7 @@ class Equal:
     """Equal: floating-point types at opset 11."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Equal-11 added floating-point types. Below, a == b is computed as not (a < b or a > b or
         a is NaN or b is NaN), which is exact for every value; IsNaN exists from opset 9 on. Other
         types are left to the check of types at the target."""
@@ -71,7 +71,7 @@ class LessGreater:
     """Less and Greater: integer types at opset 9."""
 
     @staticmethod
-    def version_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Less-9 and Greater-9 added integer types; Less-7 and Greater-7 compare floats only, and
         no float holds every int64 or uint64 (smaller integers are compared in double by the check
         of types at the target).
@@ -111,7 +111,7 @@ class IsInf:
     """IsInf, which opset 10 introduced."""
 
     @staticmethod
-    def version_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """IsInf does not exist before opset 10. Below, ``x`` is +inf exactly where it is greater
         than the largest finite value of its type, and -inf where it is less than the lowest (NaN is
         neither); Less and Greater take floats at every opset."""
@@ -176,7 +176,7 @@ class MinMax:
     """Min and Max: integer types at opset 12."""
 
     @staticmethod
-    def version_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Min-12 and Max-12 take integer types, which Min-8 and Max-8 lack (torch.onnx makes a
         ``Min`` of two int64 sizes from ``min(len(a), len(b))``). For integers, each further input
         is chosen where it is smaller (larger), with ``Less`` and ``Where``, which opset 9 has for
@@ -196,7 +196,7 @@ class Clip:
     """Clip: ``min`` and ``max`` inputs at opset 11, integer types at opset 12."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Clip-11 takes ``min`` and ``max`` as inputs, an absent one meaning no bound; Clip-6 takes
         float attributes whose defaults are the largest finite floats, which would clip infinities,
         so an absent bound becomes an infinite one. (Integer Clips were rewritten at opset 12.)"""
@@ -220,7 +220,7 @@ class Clip:
         return [node]
 
     @staticmethod
-    def version_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Clip-12 takes integer types, which Clip-11 lacks (``x.long().clamp(0, 9)``). For integers
         it is ``Min(Max(x, min), max)``, which gives ``max`` where ``min > max`` as Clip does, each
         computed by comparing and selecting (``MinMax``). float keeps the node; double and
@@ -266,7 +266,7 @@ class Mod:
     """Mod, which opset 10 introduced."""
 
     @staticmethod
-    def version_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Mod does not exist before opset 10. For integers, ``fmod=1`` is C's ``%``, whose result
         has the sign of the dividend, and ``fmod=0`` Python's ``%``, with the sign of the divisor.
         Both are computed from the quotient truncated towards zero, which is integer ``Div``:
@@ -385,7 +385,7 @@ class Pow:
     """Pow: an exponent of a type of its own at opset 12."""
 
     @staticmethod
-    def version_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Pow-12 lets the exponent have a type of its own; Pow-7 wants the base's type. The
         exponent is converted where that keeps every value: a constant whose values all survive, or
         a type that the base's type holds exactly."""
@@ -418,7 +418,7 @@ class Gemm:
     """Gemm: an optional ``C`` at opset 11."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Gemm-11 made ``C`` optional; Gemm-9 requires it. A zero C adds nothing, if it is the zero
         whose sign keeps that of A*B: beta * C must be -0.0, as -0.0 + x is x for every x."""
         if len(present_inputs(node)) >= 3:
@@ -437,7 +437,7 @@ class Trilu:
     """Trilu, which opset 14 introduced."""
 
     @staticmethod
-    def version_14(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_14(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Trilu does not exist before opset 14. In the last two axes it keeps the element of row
         ``i`` and column ``j`` where ``j - i >= k`` (``upper=1``) or ``j - i <= k`` (``upper=0``),
         ``k`` 0 where it is omitted, and sets the others to zero: ``Where(j - i < k, 0, x)``, or

@@ -44,7 +44,7 @@ def _auto_pad_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
 class Convolution:
     """Conv and ConvTranspose: ``auto_pad`` redefined at opset 11."""
 
-    version_11 = _auto_pad_11
+    below_11 = _auto_pad_11
 
 
 @adapters("MaxPool")
@@ -52,8 +52,8 @@ class MaxPool:
     """MaxPool: ``ceil_mode`` and ``dilations`` at opset 10, dropped where they mean the older
     behaviour; ``auto_pad`` redefined at opset 11."""
 
-    version_10 = drop_added_attributes(ceil_mode=0, dilations=1)
-    version_11 = _auto_pad_11
+    below_10 = drop_added_attributes(ceil_mode=0, dilations=1)
+    below_11 = _auto_pad_11
 
 
 @adapters("AveragePool")
@@ -61,8 +61,8 @@ class AveragePool:
     """AveragePool: ``ceil_mode`` at opset 10, dropped where it is 0; ``auto_pad`` redefined at
     opset 11."""
 
-    version_10 = drop_added_attributes(ceil_mode=0)
-    version_11 = _auto_pad_11
+    below_10 = drop_added_attributes(ceil_mode=0)
+    below_11 = _auto_pad_11
 
 
 @adapters("LpPool")
@@ -70,8 +70,8 @@ class LpPool:
     """LpPool: ``auto_pad`` redefined at opset 11; ``ceil_mode`` and ``dilations`` at opset 18,
     dropped where they mean the older behaviour."""
 
-    version_11 = _auto_pad_11
-    version_18 = drop_added_attributes(ceil_mode=0, dilations=1)
+    below_11 = _auto_pad_11
+    below_18 = drop_added_attributes(ceil_mode=0, dilations=1)
 
 
 @adapters("BatchNormalization")
@@ -80,11 +80,11 @@ class BatchNormalization:
     (onnx's adapter); ``training_mode`` at opset 14, dropped where it is 0; types of their own
     for scale, bias, mean and variance at opset 15."""
 
-    version_9 = onnx_adapter
-    version_14 = drop_added_attributes(training_mode=0)
+    below_9 = onnx_adapter
+    below_14 = drop_added_attributes(training_mode=0)
 
     @staticmethod
-    def version_15(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_15(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """BatchNormalization-15 lets scale and bias, and mean and variance, have types of their
         own; BatchNormalization-14 wants scale and bias of the input's type. Nothing else changed:
         the node stays, and the converter checks its types at the target."""
@@ -95,7 +95,7 @@ class BatchNormalization:
 class Recurrent:
     """GRU, LSTM and RNN: ``layout`` at opset 14, which onnx's adapter drops where it is 0."""
 
-    version_14 = onnx_adapter
+    below_14 = onnx_adapter
 
 
 @adapters("Dropout")
@@ -103,7 +103,7 @@ class Dropout:
     """Dropout: ``training_mode`` an input at opset 12."""
 
     @staticmethod
-    def version_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Dropout-12 takes ``training_mode`` as an input; out of training mode it returns its
         input, which is an Identity at every opset."""
         inputs = present_inputs(node)
@@ -122,10 +122,10 @@ class Softmax:
     """Softmax, LogSoftmax and Hardmax: an axis that counts from the back at opset 11, and one axis
     normalized at opset 13."""
 
-    version_11 = negative_axes("axis")
+    below_11 = negative_axes("axis")
 
     @staticmethod
-    def version_13(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_13(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Softmax-13 (and LogSoftmax, Hardmax) normalizes along the one ``axis``; version 11
         "coerced to 2D" at ``axis`` and normalized over all axes from it to the last. The two agree
         where the axis is the last one, so another axis is swapped with the last by Transposes."""
@@ -158,14 +158,14 @@ class Resize:
     onnx's adapter drops where they mean the older behaviour."""
 
     @staticmethod
-    def version_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Resize does not exist before opset 10; Upsample-9 has the same inputs, attribute and
         meaning."""
         node.op_type = "Upsample"
         return [node]
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Resize-11 added the coordinate transformations and ``sizes``; Resize-10 maps an output
         coordinate x to x / scale ("asymmetric") and takes ``scales`` only. Nearest neighbours agree
         with ``nearest_mode=floor`` when no axis shrinks (onnxruntime rounds up when shrinking at
@@ -206,7 +206,7 @@ class Resize:
         return [node]
 
     @staticmethod
-    def version_13(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_13(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Resize-13 made ``roi`` and ``scales`` optional; Resize-11 takes them always, where an
         empty tensor means not given."""
         if len(node.inputs) < 3:
@@ -216,7 +216,7 @@ class Resize:
                 node.replace_input_with(index, ctx.add_const(np.zeros(0, np.float32), name))
         return [node]
 
-    version_18 = onnx_adapter
+    below_18 = onnx_adapter
 
 
 def _scales_of_sizes(ctx: Context, node: ir.Node, sizes: ir.Value | None) -> np.ndarray | None:
@@ -235,7 +235,7 @@ class Upsample:
     """Upsample: ``scales`` an input at opset 9."""
 
     @staticmethod
-    def version_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Upsample-9 takes ``scales`` as an input, Upsample-7 as an attribute (onnx's adapter)."""
         ctx.require_const(node, boundary, 1, "scales")
         return ctx.run_onnx_adapter(node, boundary)

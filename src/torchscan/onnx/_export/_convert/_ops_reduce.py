@@ -50,8 +50,8 @@ def _reduce_axes_input(node: ir.Node, ctx: Context, boundary: int) -> list[ir.No
 class ReduceSum:
     """ReduceSum: axes that count from the back at opset 11, and ``axes`` an input from opset 13."""
 
-    version_11 = negative_axes("axes")
-    version_13 = _reduce_axes_input
+    below_11 = negative_axes("axes")
+    below_13 = _reduce_axes_input
 
 
 @adapters(*REDUCE_18)
@@ -59,8 +59,8 @@ class Reduce:
     """The other reductions: axes that count from the back at opset 11, and ``axes`` an input from
     opset 18."""
 
-    version_11 = negative_axes("axes")
-    version_18 = _reduce_axes_input
+    below_11 = negative_axes("axes")
+    below_18 = _reduce_axes_input
 
 
 @adapters("ArgMax", "ArgMin")
@@ -68,8 +68,8 @@ class ArgMaxArgMin:
     """ArgMax and ArgMin: an axis that counts from the back at opset 11, and ``select_last_index``
     at opset 12, which onnx's adapter drops where it is 0."""
 
-    version_11 = negative_axes("axis")
-    version_12 = onnx_adapter
+    below_11 = negative_axes("axis")
+    below_12 = onnx_adapter
 
 
 @adapters("TopK")
@@ -77,7 +77,7 @@ class TopK:
     """TopK: ``K`` an input at opset 10, ``largest`` and ``sorted`` at opset 11."""
 
     @staticmethod
-    def version_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """TopK-10 takes ``K`` as an input; TopK-1 as the attribute ``k``."""
         k = ctx.require_const(node, boundary, 1, "K")
         truncate_inputs(node, 1)
@@ -85,7 +85,7 @@ class TopK:
         return [node]
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """TopK-11 added ``largest`` and ``sorted``; TopK-10 returns the largest values, sorted.
         ``sorted=0`` leaves the order open, so a sorted result is one of the allowed ones.
         ``largest=0`` is the largest values of the negated input, negated back, which keeps "the

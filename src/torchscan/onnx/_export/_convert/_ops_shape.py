@@ -40,8 +40,8 @@ class Squeeze:
     """Squeeze: axes that count from the back at opset 11; Squeeze-13 takes ``axes`` as an input,
     Squeeze-11 as an attribute."""
 
-    version_11 = negative_axes("axes")
-    version_13 = input_as_attribute("axes")
+    below_11 = negative_axes("axes")
+    below_13 = input_as_attribute("axes")
 
 
 @adapters("Unsqueeze")
@@ -49,22 +49,22 @@ class Unsqueeze:
     """Unsqueeze: axes that count from the back, in the rank of the result, at opset 11;
     Unsqueeze-13 takes ``axes`` as an input, Unsqueeze-11 as an attribute."""
 
-    version_11 = negative_axes("axes", None, sort=True)
-    version_13 = input_as_attribute("axes")
+    below_11 = negative_axes("axes", None, sort=True)
+    below_13 = input_as_attribute("axes")
 
 
 @adapters("Flatten")
 class Flatten:
     """Flatten: an axis that counts from the back at opset 11."""
 
-    version_11 = negative_axes("axis")
+    below_11 = negative_axes("axis")
 
 
 @adapters("Concat")
 class Concat:
     """Concat: an axis that counts from the back at opset 11."""
 
-    version_11 = negative_axes("axis")
+    below_11 = negative_axes("axis")
 
 
 @adapters("Split")
@@ -72,11 +72,11 @@ class Split:
     """Split: an axis that counts from the back at opset 11; Split-13 takes the lengths of its parts
     as the input ``split``, Split-11 as an attribute; ``num_outputs`` at opset 18."""
 
-    version_11 = negative_axes("axis")
-    version_13 = input_as_attribute("split")
+    below_11 = negative_axes("axis")
+    below_13 = input_as_attribute("split")
 
     @staticmethod
-    def version_18(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_18(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Split-18's ``num_outputs`` splits into parts of equal length where the axis allows, "the
         last chunk will be smaller" otherwise; Split-13 without ``split`` only splits evenly, so
         uneven lengths are given as a constant ``split``, which needs the length of the axis."""
@@ -109,7 +109,7 @@ class Reshape:
     """Reshape: ``allowzero`` at opset 14."""
 
     @staticmethod
-    def version_14(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_14(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Reshape-14 added ``allowzero``: with allowzero=1 a 0 in the shape is a dimension of
         length 0, where Reshape-13 copies the input's dimension. Dropping it is exact where the
         shape holds no 0, or where the input is not empty: then a 0 would make an empty output from
@@ -146,7 +146,7 @@ class Shape:
     """Shape: ``start`` and ``end`` at opset 15."""
 
     @staticmethod
-    def version_15(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_15(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Shape-15 added ``start`` and ``end``, which select a slice of the shape with the clamping
         of Slice; Shape-13 returns the whole shape, which a Slice then cuts."""
         start, end = attribute(node, "start", 0), attribute(node, "end")
@@ -169,7 +169,7 @@ class Shape:
 class DepthToSpace:
     """DepthToSpace: ``mode`` at opset 11, dropped where it is DCR, the older behaviour."""
 
-    version_11 = drop_added_attributes(mode="DCR")
+    below_11 = drop_added_attributes(mode="DCR")
 
 
 @adapters("Slice")
@@ -177,7 +177,7 @@ class Slice:
     """Slice: inputs and steps at opset 10, axes that count from the back at opset 11."""
 
     @staticmethod
-    def version_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_10(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Slice-10 takes ``starts``, ``ends``, ``axes`` and ``steps`` as inputs; Slice-1 takes the
         first three as attributes and has no steps. The axes with constant bounds and step 1 are
         sliced by one Slice-1. Every other axis is gathered at the indices its bounds and step
@@ -262,7 +262,7 @@ class Slice:
         return b.nodes
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Slice-11 lets ``axes`` count from the back; they are counted from the front."""
         if len(present_inputs(node)) > 3:
             axes = ctx.require_const(node, boundary, 3, "axes")
@@ -375,7 +375,7 @@ class Pad:
     18."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Pad-11 takes ``pads`` and ``constant_value`` as inputs, and data of every type; Pad-2
         takes the attributes ``pads`` and ``value``, a float, and floating-point data only. In
         constant mode, data of another type (``F.pad`` of int64 labels), or a value that is not
@@ -403,7 +403,7 @@ class Pad:
         return [node]
 
     @staticmethod
-    def version_18(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_18(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Pad-18 can pad the ``axes`` given only; Pad-13 takes ``pads`` for every axis, which are
         0 for the axes not given."""
         if len(present_inputs(node)) < 4:

@@ -23,7 +23,7 @@ class Constant:
     """Constant: ``sparse_value`` at opset 11, the typed attributes at opset 12."""
 
     @staticmethod
-    def version_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_11(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Constant-11 added ``sparse_value``; Constant-9 holds the same values as a dense
         ``value``."""
         if attribute(node, "sparse_value") is None:
@@ -31,7 +31,7 @@ class Constant:
         return _dense_constant(node)
 
     @staticmethod
-    def version_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_12(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """Constant-12 added ``value_float``, ``value_ints`` and the other typed attributes;
         Constant-11 holds a ``value`` tensor."""
         if attribute(node, "value") is not None or attribute(node, "sparse_value") is not None:
@@ -53,7 +53,7 @@ class ConstantOfShape:
     """ConstantOfShape, which opset 9 introduced."""
 
     @staticmethod
-    def version_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_9(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """ConstantOfShape does not exist before opset 9; Expand (opset 8) of its one value to the
         shape makes the same tensor."""
         value = attribute(node, "value")
@@ -69,7 +69,7 @@ class CastLike:
     """CastLike, which opset 15 introduced."""
 
     @staticmethod
-    def version_15(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
+    def below_15(node: ir.Node, ctx: Context, boundary: int) -> list[ir.Node]:
         """CastLike does not exist before opset 15; it is the Cast to the type of its second
         input."""
         elem = ctx.elem_type(node.inputs[1])

@@ -6,7 +6,9 @@ boundary ``b``: it receives the node valid at opset ``b`` (where the operator's 
 starts) and returns nodes valid at opset ``b - 1``.
 
 Every adapter of an operator, at all its boundaries, is declared in one class decorated with
-:func:`adapters`: its attribute ``version_N`` is the adapter for the boundary ``N``. A class
+:func:`adapters`: its attribute ``below_N`` is the adapter for the boundary ``N``, which takes
+the operator from opset ``N`` down to below it (opset ``N - 1``; tf2onnx's ``version_N`` is
+instead the handler of the version starting at ``N``). A class
 declares one operator, or several that share every version, and no operator is declared by two
 classes. The classes are in the ``_ops_*`` modules, one module for each family of operators.
 An adapter that cannot express its node exactly below the boundary raises the context's refusal,
@@ -33,7 +35,7 @@ Adapter = Callable[[ir.Node, "Context", int], list[ir.Node]]
 
 _Class = TypeVar("_Class", bound=type)
 
-_VERSION = re.compile(r"version_(\d+)")
+_VERSION = re.compile(r"below_(\d+)")
 
 
 def _canonical(domain: str) -> str:
@@ -41,7 +43,7 @@ def _canonical(domain: str) -> str:
 
 
 def versions_of(cls: type) -> dict[int, Adapter]:
-    """The adapters a class declares: its own attributes ``version_N``, by boundary ``N``."""
+    """The adapters a class declares: its own attributes ``below_N``, by boundary ``N``."""
     found = {}
     for name in vars(cls):
         match = _VERSION.fullmatch(name)
@@ -60,7 +62,7 @@ class AdapterRegistry:
 
     def declare(self, *ops: str, domain: str = "") -> Callable[[_Class], _Class]:
         """A class decorator: the class holds every adapter of the operators ``ops`` of
-        ``domain``, its attribute ``version_N`` (a function, or a static method) the one for the
+        ``domain``, its attribute ``below_N`` (a function, or a static method) the one for the
         boundary ``N``. Each is registered, and the class is recorded as the one that declares
         those operators; an operator that another class declares already is refused."""
 
