@@ -763,3 +763,25 @@ def test_out_is_refused_alike_where_autograd_records_or_the_result_does_not_fit(
         for _ in range(_hoist.TRACE_AT_CALL):
             torch.testing.assert_close(converted(x, w), want, rtol=0, atol=0)
         assert [r.converted for r in torchscan.autoloop_report(converted)] == [True]
+
+
+def test_every_name_converted_code_calls_is_in_its_namespace() -> None:
+    """The rewrite emits ``__autoloop__.<name>`` calls; each name is in the namespace bound
+    there (``_calls``), for any loop a rewrite can emit."""
+    import ast
+    import inspect
+
+    from torchscan._autoloop import _calls, _rewrite
+
+    source = inspect.getsource(_rewrite)
+    emitted = {
+        node.args[0].value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "_runtime_attr"
+        and isinstance(node.args[0], ast.Constant)
+    }
+    emitted |= {*_rewrite._Calls._TORCH.values(), *_rewrite._Calls._BUILTINS.values()}
+    emitted |= {"unbind", "split_", "chunk_", "enumerate_", "zip_"}
+    assert len(emitted) > 25
+    assert sorted(n for n in emitted if not hasattr(_calls, n)) == []

@@ -13,7 +13,7 @@ from typing import Any, TypeVar, overload
 
 import torch
 
-from torchscan._autoloop import _rewrite, _runtime
+from torchscan._autoloop import _compile, _rewrite, _runtime
 from torchscan._errors import TorchscanTypeError, TorchscanWarning
 
 __all__ = ["LoopReport", "autoloop", "autoloop_report", "autoloop_source"]
@@ -141,7 +141,7 @@ def _convert_function(
     if getattr(fn, "__autoloop_original__", None) is not None:
         return fn  # converted already
     try:
-        new, loops, source = _rewrite.convert(fn, strict)
+        new, loops, source = _compile.convert(fn, strict)
     except _rewrite.NotConvertible as error:
         message = f"{_API}: {fn.__qualname__} cannot be converted: {error}"
         if strict:
@@ -253,7 +253,7 @@ def _keep_wrapped(module: torch.nn.Module, inner: types.FunctionType, strict: bo
         raise TorchscanTypeError(message)
     warnings.warn(message + "; its loops stay as they are", TorchscanWarning, stacklevel=6)
     try:
-        lines = [loop.lineno for loop in _rewrite.own_loops(_rewrite.function_tree(inner))]
+        lines = [loop.lineno for loop in _compile.own_loops(_compile.function_tree(inner))]
     except _rewrite.NotConvertible:
         lines = [inner.__code__.co_firstlineno]
     filename = inner.__code__.co_filename

@@ -26,14 +26,9 @@ from __future__ import annotations
 
 import ast
 import copy
-import inspect
-import textwrap
-import types
-from collections.abc import Callable
 from typing import Any, ClassVar
 
-from torchscan._autoloop import _analysis, _runtime
-from torchscan._errors import TorchscanTypeError
+from torchscan._autoloop import _analysis, _lists, _names, _runtime
 
 RUNTIME = "__autoloop__"
 LOOPS = "__autoloop_loops__"
@@ -354,14 +349,14 @@ class _Loops(ast.NodeTransformer):
         iterates over) or ``while_``."""
         carries = (*info.carries, *held)
         body_name = f"__autoloop_body_{index}"
-        appended = _analysis.appended_lists(node.body)
+        appended = _lists.appended_lists(node.body)
         ys = {name: f"__autoloop_y_{k}" for k, name in enumerate(info.lists)}
         slices: list[tuple[str, int]] = []
         body: list[ast.stmt] = []
         if isinstance(node, ast.For):
             target: ast.expr = _store(node.target)
             if info.form.kind == "range" and isinstance(node.target, ast.Name):
-                assigned = _analysis.names_assigned(node.body) | {node.target.id}
+                assigned = _names.names_assigned(node.body) | {node.target.id}
                 assigned |= {b.name for b in info.buffers}  # read as they are when written
                 slices = _analysis.step_slices(node.body, node.target.id, assigned)
                 if slices:
@@ -369,7 +364,7 @@ class _Loops(ast.NodeTransformer):
                     names = [_name(f"__autoloop_x_{k}", ast.Store()) for k in range(len(slices))]
                     target = ast.Tuple([target, *names], ast.Store())
             elif (count := _enumerate_count(node, self.shadowed)) is not None:
-                assigned = _analysis.names_assigned(node.body) | _analysis.names_assigned([node])
+                assigned = _names.names_assigned(node.body) | _names.names_assigned([node])
                 slices = _analysis.step_slices(node.body, count, assigned)
                 if slices:
                     _Slices(count, assigned, slices).visit(node)
@@ -391,13 +386,13 @@ class _Loops(ast.NodeTransformer):
             if k in (info.stop, info.skip):
                 assert isinstance(stmt, ast.If)
                 after = node.body[k + 1 :]
-                kept = [c for c in info.carries if c in _analysis.names_assigned(after)]
+                kept = [c for c in info.carries if c in _names.names_assigned(after)]
                 flag = _Items().visit(stmt.test)
                 if isinstance(flag, ast.UnaryOp) and isinstance(flag.op, ast.Not):
                     # in a scan, `not x` of a tensor as a tensor (Python's `not` reads its value)
                     flag = ast.Call(_runtime_attr("not_"), [flag.operand, _name(_SCANNING)], [])
                 body.append(ast.copy_location(ast.Assign([_name(_STOP, ast.Store())], flag), stmt))
-                surely = _analysis.surely_assigned(node.body[:k])
+                surely = _names.surely_assigned(node.body[:k])
                 stopped = _runtime_attr("STOP") if k == info.stop else None  # else the next step
                 early = _returned(carries, ys_tuple, stopped, stmt, surely)
                 test = ast.Call(_runtime_attr("stops"), [_name(_STOP), _name(_SCANNING)], [])
@@ -430,7 +425,7 @@ class _Loops(ast.NodeTransformer):
             if name is None:
                 body.append(stmt)
             else:
-                value = _analysis.appended_value(stmt)
+                value = _lists.appended_value(stmt)
                 body.append(
                     ast.copy_location(ast.Assign([_name(ys[name], ast.Store())], value), stmt)
                 )
@@ -448,7 +443,7 @@ class _Loops(ast.NodeTransformer):
             until = ast.Call(
                 _runtime_attr("until_"), [_name(_STOP), _name(_SCANNING), record, stop_line], []
             )
-        surely = _analysis.surely_assigned(node.body)
+        surely = _names.surely_assigned(node.body)
         body.extend(_returned(carries, ys_tuple, until, node, surely))
         out: list[ast.stmt] = []
         if isinstance(node, ast.While):
@@ -532,7 +527,7 @@ class _Loops(ast.NodeTransformer):
             ops = ast.Tuple([ast.Constant(t.op) for t in info.tests], ast.Load())
             tested = ast.Tuple([ops, _name(f"__autoloop_tests_{index}")], ast.Load())
             call.keywords.append(ast.keyword("tests", tested))
-        fronts = [k for k, n in enumerate(info.lists) if _analysis.prepends(appended[n])]
+        fronts = [k for k, n in enumerate(info.lists) if _lists.prepends(appended[n])]
         if fronts:
             at_front: list[ast.expr] = [ast.Constant(k) for k in fronts]
             call.keywords.append(ast.keyword("front", ast.Tuple(at_front, ast.Load())))
@@ -681,7 +676,7 @@ def _kept_at_stop(node: ast.For | ast.While, info: _analysis.LoopInfo) -> list[s
     leaves them where it breaks, those at the test."""
     if info.stop is None:
         return []
-    after = _analysis.names_assigned(node.body[info.stop + 1 :])
+    after = _names.names_assigned(node.body[info.stop + 1 :])
     return [c for c in info.carries if c in after]
 
 
@@ -791,173 +786,3 @@ def _store(target: ast.expr) -> ast.expr:
         return _name(target.id, ast.Store())
     assert isinstance(target, ast.Tuple)
     return ast.Tuple([_store(e) for e in target.elts], ast.Store())
-
-
-def _find_code(code: types.CodeType, name: str, line: int) -> types.CodeType | None:
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            if const.co_name == name and const.co_firstlineno == line:
-                return const
-            found = _find_code(const, name, line)
-            if found is not None:
-                return found
-    return None
-
-
-def function_tree(fn: types.FunctionType) -> ast.FunctionDef:
-    """The parsed source of ``fn``, its lines numbered as in its file."""
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError) as error:
-        raise NotConvertible(f"its source is not available ({error})") from None
-    try:
-        module = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        raise NotConvertible("its source could not be parsed on its own") from None
-    if not module.body or not isinstance(module.body[0], ast.FunctionDef):
-        raise NotConvertible("it is not defined by a `def` statement (a lambda?)")
-    ast.increment_lineno(module, fn.__code__.co_firstlineno - 1)
-    tree = module.body[0]
-    if tree.name != fn.__name__:
-        raise NotConvertible("its source defines another name")
-    return tree
-
-
-def convert(
-    fn: types.FunctionType, strict: bool
-) -> tuple[Callable[..., Any], list[_runtime.Loop], str]:
-    """The converted function, a record per ``for`` statement, the converted source."""
-    if fn.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE):
-        raise NotConvertible("it is a generator or a coroutine")
-    tree = function_tree(fn)
-    filename = fn.__code__.co_filename
-    sized = _analysis.sized_names(tree)
-    shadowed = _shadowed(fn, tree)
-    infos = {id(node): _analysis.analyse(tree, node, sized, shadowed) for node in own_loops(tree)}
-    loops: list[_runtime.Loop] = []
-    if not infos:
-        return fn, loops, ast.unparse(tree)
-    if strict:
-        for info in infos.values():
-            if info.reason and info.form.kind == "range" and info.form.sized:
-                raise TorchscanTypeError(
-                    f"{_runtime.API}: the loop of {fn.__qualname__} ({filename}, line "
-                    f"{info.node.lineno}) stays Python: {info.reason}"
-                )
-    tree.decorator_list = []
-    transformer = _Loops(infos, loops, fn.__qualname__, filename, strict, shadowed)
-    tree.body = [s for stmt in tree.body for s in _as_list(transformer.visit(stmt))]
-    if transformer.converted:
-        tree = _Calls(shadowed).visit(tree)
-    _strip_signature(tree)
-    source = ast.unparse(tree)
-    code = _compile(fn, tree)
-    closure = _closure(fn, code, loops)
-    new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, closure)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__dict__.update(fn.__dict__)
-    new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-    new.__annotations__ = dict(fn.__annotations__)
-    return new, loops, source
-
-
-_REWRITTEN = ("range", "reversed", "enumerate", "zip", "len", "list", "torch")
-
-
-def _shadowed(fn: types.FunctionType, tree: ast.FunctionDef) -> set[str]:
-    """The names among those the rewrite replaces (builtins, ``torch``) that ``fn`` binds to
-    something else: a local, a free variable, a global of its module."""
-    import builtins
-
-    import torch
-
-    parameters = {a.arg for a in ast.walk(tree.args) if isinstance(a, ast.arg)}
-    local = _analysis.names_assigned(tree.body) | parameters
-    found = {n for n in _REWRITTEN if n in local or n in fn.__code__.co_freevars}
-    for name in _REWRITTEN:
-        if name in fn.__globals__:
-            expected = torch if name == "torch" else getattr(builtins, name)
-            if fn.__globals__[name] is not expected:
-                found.add(name)
-    return found
-
-
-def _as_list(result: Any) -> list[ast.stmt]:
-    return result if isinstance(result, list) else [result]
-
-
-def own_loops(tree: ast.FunctionDef) -> list[ast.For | ast.While]:
-    found: list[ast.For | ast.While] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                continue
-            if isinstance(child, (ast.For, ast.While)):
-                found.append(child)
-            visit(child)
-
-    visit(tree)
-    return found
-
-
-def _strip_signature(tree: ast.FunctionDef) -> None:
-    """Defaults and annotations, which the new function takes from the original instead of
-    evaluating them again."""
-    args = tree.args
-    args.defaults, args.kw_defaults = [], [None] * len(args.kwonlyargs)
-    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
-        if arg is not None:
-            arg.annotation = None
-    tree.returns = None
-
-
-def _compile(fn: types.FunctionType, tree: ast.FunctionDef) -> types.CodeType:
-    line = tree.lineno
-    holder: ast.stmt = tree
-    owner = _owner_class(fn)
-    if owner is not None:  # private names mangled as in the class
-        holder = ast.ClassDef(name=owner, bases=[], keywords=[], body=[tree], decorator_list=[])
-        _no_type_params(holder)
-    factory = ast.FunctionDef(
-        name="__autoloop_factory__",
-        args=ast.arguments(
-            posonlyargs=[],
-            args=[ast.arg(n) for n in (RUNTIME, LOOPS, *fn.__code__.co_freevars)],
-            kwonlyargs=[],
-            kw_defaults=[],
-            defaults=[],
-        ),
-        body=[holder, ast.Return(ast.Constant(None))],
-        decorator_list=[],
-        returns=None,
-    )
-    _no_type_params(factory)
-    module = ast.Module(body=[factory], type_ignores=[])
-    for node in (factory, holder):
-        ast.copy_location(node, tree)
-    ast.fix_missing_locations(module)
-    compiled = compile(module, fn.__code__.co_filename, "exec", dont_inherit=True)
-    code = _find_code(compiled, fn.__name__, line)
-    if code is None:  # pragma: no cover - the factory always holds it
-        raise NotConvertible("its converted code could not be found")
-    return code
-
-
-def _owner_class(fn: types.FunctionType) -> str | None:
-    parts = fn.__qualname__.split(".")
-    if len(parts) >= 2 and parts[-2] != "<locals>":
-        return parts[-2]
-    return None
-
-
-def _closure(
-    fn: types.FunctionType, code: types.CodeType, loops: list[_runtime.Loop]
-) -> tuple[types.CellType, ...]:
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
-    cells[RUNTIME] = types.CellType(_runtime)
-    cells[LOOPS] = types.CellType(tuple(loops))
-    missing = [n for n in code.co_freevars if n not in cells]
-    if missing:  # pragma: no cover - the factory's parameters are the only free names
-        raise NotConvertible(f"free names {missing} have no cell")
-    return tuple(cells[n] for n in code.co_freevars)
