@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from torchscan import _context
 from torchscan._compat import pytree
-from torchscan._errors import reduce_error
+from torchscan._errors import TorchscanTypeError, reduce_error
 
 API = "torchscan.autoloop"
 
@@ -103,3 +103,13 @@ def _is_tensor_tree(value: Any) -> bool:
 
 def _symbolic(t: torch.Tensor, axis: int) -> bool:
     return not isinstance(t.shape[axis], int)
+
+
+def refuse_strict(loop: Loop, reason: _Fallback) -> NoReturn:
+    """With ``strict=True``, the refusal of a loop that runs along a tensor's axis but would run
+    as Python: the error the scan raised where it raised one, else why it runs as Python."""
+    if reason.error is not None:
+        raise reason.error from None
+    raise TorchscanTypeError(
+        f"{API}: the loop of {loop.where()} runs as Python: {reason}"
+    ) from None

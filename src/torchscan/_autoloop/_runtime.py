@@ -32,6 +32,7 @@ from torchscan._autoloop._base import (
     _is_tensor_tree,
     _record,
     _symbolic,
+    refuse_strict,
 )
 from torchscan._autoloop._values import (
     _LAZY,
@@ -106,11 +107,7 @@ def _for(
         return _scan(loop, plan, iterable, body, carry, lists, slices, buffers, holder)
     except _Fallback as reason:
         if loop.strict and plan_is_time(iterable, loop):
-            if reason.error is not None:
-                raise reason.error from None
-            raise TorchscanTypeError(
-                f"{API}: the loop of {loop.where()} runs as Python: {reason}"
-            ) from None
+            refuse_strict(loop, reason)
         _record(loop, False, str(reason))
         _refuse_unrolling(loop, iterable, str(reason))
         return _python(_python_iteration(iterable, slices), body, carry, lists)

@@ -17,6 +17,7 @@ from torchscan._autoloop._base import (
     _Fallback,
     _last_scanned,
     _record,
+    refuse_strict,
 )
 from torchscan._autoloop._runtime import (
     _failed,
@@ -73,11 +74,7 @@ def _while(
         return _write_back(buffers, None, (), new), ys
     except _Fallback as reason:
         if loop.strict and is_tensor:
-            if reason.error is not None:
-                raise reason.error from None
-            raise TorchscanTypeError(
-                f"{API}: the loop of {loop.where()} runs as Python: {reason}"
-            ) from None
+            refuse_strict(loop, reason)
         _record(loop, False, str(reason))
         return _python_while(first, test, body, carry, lists)
 

@@ -168,24 +168,8 @@ class _EmptyGuard:
             _one_step_of_zeros(else_nodes, x, axis, version)
             for x, axis in zip(xs, in_axes, strict=True)
         ]
-        choice = ir.Node(
-            "",
-            "If",
-            [self.nonempty],
-            attributes=[
-                ir.AttrGraph("then_branch", _branch(f"{tag}_xs_then", then_nodes)),
-                ir.AttrGraph(
-                    "else_branch",
-                    ir.Graph(
-                        [],
-                        stand_ins,
-                        nodes=_named(else_nodes, f"{tag}_xs_else"),
-                        name=f"{tag}_xs_else",
-                    ),
-                ),
-            ],
-            num_outputs=len(xs),
-            version=version,
+        choice = _if(
+            self.nonempty, f"{tag}_xs", then_nodes, else_nodes, stand_ins, len(xs), version
         )
         for value, x, axis in zip(choice.outputs, xs, in_axes, strict=True):
             value.type = ir.TensorType(_dtype(x))
@@ -223,24 +207,14 @@ class _EmptyGuard:
             )
             else_nodes.extend([axes, empty])
         else_outputs = [n.outputs[0] for n in else_nodes if n.op_type in ("Identity", "Slice")]
-        choice = ir.Node(
-            "",
-            "If",
-            [self.nonempty],
-            attributes=[
-                ir.AttrGraph("then_branch", _branch(f"{self._tag}_out_then", then_nodes)),
-                ir.AttrGraph(
-                    "else_branch",
-                    ir.Graph(
-                        [],
-                        else_outputs,
-                        nodes=_named(else_nodes, f"{self._tag}_out_else"),
-                        name=f"{self._tag}_out_else",
-                    ),
-                ),
-            ],
-            num_outputs=len(results),
-            version=version,
+        choice = _if(
+            self.nonempty,
+            f"{self._tag}_out",
+            then_nodes,
+            else_nodes,
+            else_outputs,
+            len(results),
+            version,
         )
         for result, carry in zip(results, carries, strict=False):
             result.type, result.shape = ir.TensorType(_dtype(carry)), carry.shape
@@ -253,6 +227,34 @@ class _EmptyGuard:
                 result.shape = ir.Shape(dims)
         recorder.nodes.append(choice)
         return choice.outputs
+
+
+def _if(
+    cond: ir.Value,
+    tag: str,
+    then_nodes: Sequence[ir.Node],
+    else_nodes: Sequence[ir.Node],
+    else_outputs: Sequence[ir.Value],
+    n: int,
+    version: int | None,
+) -> ir.Node:
+    """An ``If`` of ``n`` outputs on ``cond``: the outputs of ``then_nodes`` where it holds, else
+    ``else_outputs`` computed by ``else_nodes``; its branches named ``{tag}_then`` and
+    ``{tag}_else``."""
+    else_branch = ir.Graph(
+        [], else_outputs, nodes=_named(else_nodes, f"{tag}_else"), name=f"{tag}_else"
+    )
+    return ir.Node(
+        "",
+        "If",
+        [cond],
+        attributes=[
+            ir.AttrGraph("then_branch", _branch(f"{tag}_then", then_nodes)),
+            ir.AttrGraph("else_branch", else_branch),
+        ],
+        num_outputs=n,
+        version=version,
+    )
 
 
 def _branch(name: str, nodes: Sequence[ir.Node]) -> ir.Graph:
