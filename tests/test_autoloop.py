@@ -725,12 +725,12 @@ def test_a_hoisted_step_is_traced_once_for_every_length(name: str) -> None:
     program = corpus.PROGRAMS[name]
     _, converted = pair(name)
     _hoist.clear()
-    before = _hoist.traces
+    before = _hoist._signature.traces
     for n in (3, 4, 5, 6, 7):
         for _ in range(_hoist.TRACE_AT_CALL):
             converted(*program.inputs(n))
         assert _hoist.last.what == "hoisted", (n, _hoist.last.reason)
-    assert _hoist.traces - before == 1
+    assert _hoist._signature.traces - before == 1
 
 
 def test_out_is_refused_alike_where_autograd_records_or_the_result_does_not_fit() -> None:

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "eager_scan.py": ["--T", "8", "--B", "2", "--H", "4", "--repeats", "3"],
     "export_time.py": ["--T", "4", "--B", "2", "--H", "4", "--repeats", "1"],
     "import_time.py": ["--repeats", "1"],
+    "routes.py": [],
     "onnxruntime_parts.py": ["--cells", "RNN", "LSTM", "--H", "4", "--T", "3", "--repeats", "1"],
     "suite.py": ["--quick"],
     "speed.py": ["--quick", "--memory", "--cells", "RNN", "LSTM"],
@@ -35,6 +36,7 @@ ROWS = {
     "eager_scan.py": 9,
     "export_time.py": 4,
     "import_time.py": 3,
+    "routes.py": 5,
     "onnxruntime_parts.py": 2 * 5,
     "suite.py": 24 + 6 + 6 + 6 + 12,
     "speed.py": 2 * (2 * 2) * 2,  # 2 cells, 2 lengths, 2 modes; speed and memory

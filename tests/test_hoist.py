@@ -150,21 +150,21 @@ def test_the_loop_part_reads_the_current_values_of_parameters():
 def test_a_signature_is_traced_once():
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    before = _hoist.traces
+    before = _hoist._signature.traces
     for _ in range(5):
         torchscan.scan(model, h, xs)
-    assert _hoist.traces - before == 1
+    assert _hoist._signature.traces - before == 1
     torchscan.scan(model, h, torch.randn(2 * T, B, H))  # another length: the same signature
-    assert _hoist.traces - before == 1
+    assert _hoist._signature.traces - before == 1
     for _ in range(3):
         torchscan.scan(model, torch.randn(B + 1, H), torch.randn(T, B + 1, H))  # other shapes
-    assert _hoist.traces - before == 2
+    assert _hoist._signature.traces - before == 2
 
 
 def test_a_step_defined_at_every_call_is_traced_once():
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    before = _hoist.traces
+    before = _hoist._signature.traces
 
     def forward(memory):
         def step(h, x):  # a new closure at every call, capturing a new tensor
@@ -177,7 +177,7 @@ def test_a_step_defined_at_every_call_is_traced_once():
         memory = torch.randn(B, H)
         got = forward(memory)
         close(got, scan_loop(functools.partial(_elman_memory, model, memory=memory), h, xs))
-    assert _hoist.traces - before == 1
+    assert _hoist._signature.traces - before == 1
     assert _hoist.last.what == "hoisted"
 
 
@@ -379,7 +379,7 @@ def test_the_input_projection_runs_once_over_the_sequence():
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     run_until_traced(model, h, xs)
-    hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
+    hoisted = next(v for v in _hoist._signature._cache.values() if isinstance(v, _hoist.Hoisted))
     assert hoisted.sequence_count == 1
     assert [op for op in hoisted.operations if "mm" in op] == ["mm.default"]  # h @ U only
     with CountProducts() as products:
@@ -398,7 +398,7 @@ def test_work_on_parameters_alone_runs_once():
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     (carry, ys), what, reason = run_until_traced(step, h, xs)
     assert what == "hoisted", reason
-    hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
+    hoisted = next(v for v in _hoist._signature._cache.values() if isinstance(v, _hoist.Hoisted))
     assert not [op for op in hoisted.operations if "exp" in op]
     close((carry, ys), scan_loop(step, h, xs))
     got, want = grads((carry, ys), [log_a]), grads(scan_loop(step, h, xs), [log_a])
@@ -438,10 +438,10 @@ def test_a_short_scan_computes_the_sequence_part_in_the_loop():
 def test_hoist_false_never_traces():
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
-    before = _hoist.traces
+    before = _hoist._signature.traces
     for _ in range(3):
         torchscan.scan(model, h, xs, hoist=False)
-    assert _hoist.traces == before
+    assert _hoist._signature.traces == before
 
 
 def test_hoisting_that_would_take_too_much_memory_is_left_to_hoist_true(monkeypatch):
@@ -611,7 +611,7 @@ def test_a_value_written_into_at_every_step_is_made_at_every_step():
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     (got, ys), what, reason = run_until_traced(step, h, xs)
     assert what == "hoisted", reason
-    hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
+    hoisted = next(v for v in _hoist._signature._cache.values() if isinstance(v, _hoist.Hoisted))
     assert "addmm.default" in hoisted.operations
     assert hoisted.sequence_count == 0
     close((got, ys), scan_loop(step, h, xs))
@@ -676,14 +676,14 @@ def test_under_a_cprofile_nothing_is_traced():
     model = Elman(H)
     xs, h = torch.randn(T, B, H), torch.randn(B, H)
     profile = cProfile.Profile()
-    before = _hoist.traces
+    before = _hoist._signature.traces
     profile.enable()
     try:
         for _ in range(2):
             got = torchscan.scan(model, h, xs)
     finally:
         profile.disable()
-    assert _hoist.traces == before
+    assert _hoist._signature.traces == before
     close(got, scan_loop(model, h, xs))
 
 
@@ -714,12 +714,12 @@ def test_lengths_are_hoisted_like_any_scan():
 def test_under_vmap_nothing_is_traced():
     model = Elman(H)
     xs, h = torch.randn(4, T, B, H), torch.randn(4, B, H)
-    before = _hoist.traces
+    before = _hoist._signature.traces
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2):
             got = torch.func.vmap(lambda h, xs: torchscan.scan(model, h, xs))(h, xs)
-    assert _hoist.traces == before
+    assert _hoist._signature.traces == before
     close(got[0], torch.stack([scan_loop(model, h[i], xs[i])[0] for i in range(4)]))
 
 
@@ -826,7 +826,7 @@ def test_copies_before_reads_and_updates_are_left_out_of_the_loop(step):
     S = torch.randn(B, H, H, requires_grad=grad)
     (carry, ys), what, reason = run_until_traced(step, S, xs)
     assert what == "hoisted", reason
-    hoisted = next(v for v in _hoist._cache.values() if isinstance(v, _hoist.Hoisted))
+    hoisted = next(v for v in _hoist._signature._cache.values() if isinstance(v, _hoist.Hoisted))
     assert not [op for op in hoisted.operations if "clone" in op or "copy" in op]
     want = scan_loop(step, S, xs)
     close((carry, ys), want)
@@ -956,3 +956,28 @@ def test_a_garbage_collection_while_a_step_is_traced_is_not_the_steps():
     assert what == "hoisted", reason
     assert _COLLECTIONS
     close(got, scan_loop(model, h, xs))
+
+
+def test_a_tensor_subclass_among_the_arguments_runs_the_loop_without_a_warning() -> None:
+    """No signature holds a tensor subclass: the scan runs as the Python loop, also with
+    ``hoist=True``, and says nothing of an earlier scan."""
+
+    class Tagged(torch.Tensor):
+        pass
+
+    _hoist.clear()
+    xs = torch.randn(20, 2, 3)
+    for _ in range(3):  # an earlier scan that is refused: the last outcome is a refusal
+        torchscan.scan(
+            lambda c, x: (c + x if bool(x.sum() > 0) else c - x, x), torch.zeros(2, 3), xs
+        )
+    assert _hoist.last.what == "loop"
+    tagged = xs.as_subclass(Tagged)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        carry, ys = torchscan.scan(
+            lambda c, x: (c + x, x * 2), torch.zeros(2, 3), tagged, hoist=True
+        )
+    torch.testing.assert_close(carry, xs.sum(0))
+    torch.testing.assert_close(ys.as_subclass(torch.Tensor), xs * 2)
+    assert _hoist.last.what == ""

@@ -405,7 +405,7 @@ def test_a_failure_to_make_fake_tensors_leaves_no_probe_behind(monkeypatch) -> N
     """The probe of a zero-length scan's output shapes ends where making its fake tensors fails:
     later scans run as eagerly (a probe left on would, among others, let padding reach the
     step of a scan with lengths)."""
-    from torchscan import _compat, _outputs
+    from torchscan import _compat, _context
 
     def refuse(self, tensor, *args, **kwargs):
         raise RuntimeError("no fake tensor of that")
@@ -415,7 +415,7 @@ def test_a_failure_to_make_fake_tensors_leaves_no_probe_behind(monkeypatch) -> N
     carry, ys = torchscan.scan(lambda c, x: (c + 1, c > x), torch.ones(2), torch.ones(0, 2))
     assert torch.equal(carry, torch.ones(2))
     assert (ys.shape, ys.dtype) == ((0, 2), torch.bool)
-    assert not _outputs.probing_shapes()
+    assert _context.probe(_context.Probe.SHAPES) is None  # the probe is over
 
 
 # -- a carry that grows, and the two idioms that replace it -----------------------------------

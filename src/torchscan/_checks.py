@@ -271,7 +271,9 @@ class CarryType:
         ``None`` (devices, which only a step that moves tensors can change, are left to
         :meth:`check`)."""
         leaves, spec = _pytree.tree_flatten(carry)
-        if _pytree.same_structure(spec, self.spec) and all(map(_same_shape, self.shapes, leaves)):
+        # (read at every step: the structures compared at once where they are equal)
+        same = spec == self.spec or _pytree.same_structure(spec, self.spec)
+        if same and all(map(_same_shape, self.shapes, leaves)):
             return [leaf for leaf in leaves if leaf is not None]
         return None
 

@@ -118,6 +118,11 @@ _probes: contextvars.ContextVar[Mapping[Probe, Any]] = contextvars.ContextVar(
 )
 
 
+probes: Callable[[], Mapping[Probe, Any]] = _probes.get
+"""The probes in progress in this context, kind -> state (the context variable's own ``get``:
+read on the path of every node of an imported module, where a call of :func:`probe` costs)."""
+
+
 def probe(kind: Probe) -> Any:
     """The state of the innermost probe of ``kind`` in progress in this context (``True`` where
     it holds none), or None."""

@@ -35,7 +35,11 @@ def traced() -> bool:
     """Whether a loop called now is traced: torch.export traces the model (``torch.onnx.export``
     does), or a step runs on fake tensors for its shapes. Its tensors then have no values to
     read."""
-    return _context.exporting() or _outputs.probing_shapes()
+    if _context.exporting():
+        return True
+    # TorchDynamo reads no context variable, and a probe never runs in a graph it compiles: it
+    # makes fake tensors of its own, which TorchDynamo leaves to eager code
+    return not _context.compiling() and _context.Probe.SHAPES in _context.probes()
 
 
 def compiling() -> bool:

@@ -65,7 +65,7 @@ class Outputs:
             )
         flat = [_pytree.tree_flatten(y) for y in ys]
         for _, step_spec in flat:
-            if not _pytree.same_structure(step_spec, spec):
+            if step_spec != spec and not _pytree.same_structure(step_spec, spec):
                 raise TorchscanTypeError(
                     f"{self.api}: {self.fn_name} must return y of the same structure at every "
                     f"step, but:\n"
@@ -239,17 +239,6 @@ def _users_line(error: BaseException) -> str:
 
     frames = [f for f in traceback.extract_tb(error.__traceback__) if is_users(f.filename)]
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-
-
-def probing_shapes() -> bool:
-    """Whether a function is being called on fake tensors to learn the shapes of its outputs.
-    A scan or loop it calls then finds its own output shapes as under ``torch.export``: by
-    calling its body once, instead of running it on values that fake tensors do not have."""
-    if _context.compiling():
-        # Dynamo cannot read a context variable, and a probe never runs in a compiled graph: it
-        # makes fake tensors of its own, which Dynamo leaves to eager code.
-        return False
-    return bool(_context.probe(_context.Probe.SHAPES))
 
 
 def _fits(axis: int, leaf: torch.Tensor) -> bool:

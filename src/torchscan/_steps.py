@@ -8,6 +8,7 @@ it, and the checks, worded for the function that calls them.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -239,9 +240,9 @@ class Protocol:
             allowed = recorder.deltas()
             _inplace.remember(key, allowed)
             return out, allowed
-        before = [_version(t) for t in tensors]
+        before = _versions(tensors)
         out = call(carry, item)
-        if [_version(t) - b for t, b in zip(tensors, before, strict=True)] != list(allowed):
+        if [a - b for a, b in zip(_versions(tensors), before, strict=True)] != list(allowed):
             # Not what the step did the first time it ran: a write, or a shape-only change this
             # call makes and the recorded one did not. The originals tell which.
             named = self._named_arguments(carry_type, carry, item)
@@ -366,7 +367,7 @@ class Protocol:
             allowed = list(allowed) or [0] * (1 if single else len(leaves))
         for index, item in enumerate(items, 1):
             if watching:
-                before = _version(carry) if single else [_version(leaf) for leaf in leaves]
+                before = _version(carry) if single else _versions(leaves)
             out = call(carry, item)
             if has_until:
                 try:
@@ -382,7 +383,7 @@ class Protocol:
                     self.has_until(out, expected=False)
                     raise
             if watching:
-                after = [_version(carry)] if single else [_version(leaf) for leaf in leaves]
+                after = [_version(carry)] if single else _versions(leaves)
                 versions = [before] if single else before
                 deltas = [a - b for a, b in zip(after, versions, strict=True)]
                 if deltas != allowed and -1 not in versions:
@@ -540,6 +541,16 @@ def _extent(t: torch.Tensor) -> int | None:
 
 
 _version = _inplace.version
+_read_version = operator.attrgetter("_version")
+
+
+def _versions(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """The version counters of ``tensors`` (read at every step), each -1 for an inference tensor,
+    which has none."""
+    try:
+        return list(map(_read_version, tensors))
+    except RuntimeError:  # an inference tensor among them
+        return [_version(t) for t in tensors]
 
 
 def _describe_result(out: Any) -> str:

@@ -41,11 +41,9 @@ to ``xs``, ``init`` and every captured tensor included.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -56,124 +54,19 @@ from torchscan._errors import HoistWarning
 from torchscan._hoist import _policy
 from torchscan._hoist._policy import TRACE_AT_CALL as TRACE_AT_CALL
 from torchscan._hoist._signature import (
-    _CACHE_SIZE,
     _REFUSED_RESULT,
-    _Key,
-    _meta,
-    _module_walks,
-    _NotHoistable,
-    _Walk,
+    _outcome,
+    last,
+    lookup,
+    refuse,
+    signature_arguments,
 )
-from torchscan._hoist._split import Hoisted
+from torchscan._hoist._signature import Hoisted as Hoisted
+from torchscan._hoist._signature import _module_walks as _module_walks
+from torchscan._hoist._signature import clear as clear
+from torchscan._hoist._signature import signature as signature
 from torchscan._hoist._trace import trace
 from torchscan._plan import ScanPlan
-
-_cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-traces = 0
-"""How many steps were traced (for tests: a signature is traced once)."""
-
-
-def signature(fn: Callable[..., Any], arguments: Any) -> tuple[Any, _Walk]:
-    """The key of a step's signature (what it captures, its arguments' :func:`signature_arguments`,
-    and the grad mode), and the walk that read it. The modules it reaches are read again only
-    where they changed (:func:`_module_walk`): a step made anew at every call (a closure, a
-    bound method) is walked quickly."""
-    walk = _Walk()
-    key = _Key(walk.key(fn))
-    walk.finish()
-    return (key, arguments, torch.is_grad_enabled()), walk
-
-
-@dataclasses.dataclass
-class Outcome:
-    """What the last scan that could be hoisted did: ``"hoisted"``, ``"first call"`` (a step
-    is traced at call :data:`TRACE_AT_CALL` of its signature, unless ``hoist=True``), or
-    ``"loop"``, with
-    the reason."""
-
-    what: str = ""
-    reason: str = ""
-
-
-last = Outcome()
-"""What the last scan that could be hoisted did (read by tests and when debugging)."""
-
-
-def lookup(
-    fn: Callable[[Any, Any], Any],
-    step_arguments: Any,
-    arguments: Callable[[], tuple[Any, Any]],
-    check: Callable[[Any], Any],
-    *,
-    now: bool,
-) -> tuple[Hoisted, _Walk] | None:
-    """The hoisted step of this signature, traced at its call :data:`TRACE_AT_CALL` (a step
-    called once or twice is not worth a trace) or, with ``now``, at its first; ``None`` where it
-    runs as the Python loop."""
-    global traces
-    try:
-        key, walk = signature(fn, step_arguments)
-    except _NotHoistable as reason:
-        _outcome("loop", str(reason))
-        return None
-    entry = _cache.get(key, 0)
-    if isinstance(entry, Hoisted):
-        _cache.move_to_end(key)
-        _outcome("hoisted")
-        return entry, walk
-    if isinstance(entry, _Refused):
-        _outcome("loop", entry.reason)
-        return None
-    if isinstance(entry, int) and entry < _policy.TRACE_AT_CALL - 1 and not now:
-        _remember(key, entry + 1)  # calls seen
-        _outcome("first call")
-        return None
-    if sys.getprofile() is not None and not callable(sys.getprofile()):
-        _outcome("loop", "a profiler that cannot be chained runs (cProfile)")
-        return None  # traced when it no longer runs
-    try:
-        traces += 1
-        hoisted = trace(fn, *arguments(), walk, check)
-    except _NotHoistable as reason:
-        _remember(key, _Refused(str(reason)))
-        _outcome("loop", str(reason))
-        return None
-    _remember(key, hoisted)
-    _outcome("hoisted")
-    return hoisted, walk
-
-
-@dataclasses.dataclass(frozen=True)
-class _Refused:
-    reason: str
-
-
-def _outcome(what: str, reason: str = "") -> None:
-    last.what, last.reason = what, reason
-
-
-def refuse(fn: Callable[..., Any], step_arguments: Any, reason: str) -> None:
-    """Remember that the step of this signature runs as the Python loop."""
-    try:
-        key, _ = signature(fn, step_arguments)
-    except _NotHoistable:
-        return
-    _remember(key, _Refused(reason))
-    _outcome("loop", reason)
-
-
-def _remember(key: Any, value: Any) -> None:
-    _cache[key] = value
-    _cache.move_to_end(key)
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-
-
-def clear() -> None:
-    """Forget every traced step."""
-    _cache.clear()
-    _module_walks.clear()
-    _outcome("")
 
 
 def eligible(plan: ScanPlan) -> bool:
@@ -191,52 +84,17 @@ def scan(plan: ScanPlan) -> tuple[Any, Any] | None:
     return _run(plan)
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def signature_arguments(plan: ScanPlan) -> _Key | None:
-    """What a signature holds of the arguments of ``plan``: the structures of the carry and of
-    ``x``, and the shape (``x`` without the scanned axis: the length is no part of a signature),
-    dtype, device and ``requires_grad`` of their leaves; ``None`` where a leaf is a tensor
-    subclass. Read from the plan's metadata alone, so kept in its memo."""
-    memo = plan.memo
-    if "hoist" in memo:
-        return memo["hoist"]
-    carry_type = plan.carry
-    x_meta: list[Any] = [carry_type.spec, plan.xs_spec]
-    key: _Key | None = None
-    for leaf, axis in zip(plan.xs_leaves, plan.in_axes, strict=True):
-        if leaf is None:
-            x_meta.append(None)
-        elif type(leaf) not in _PLAIN:
-            break
-        else:
-            assert axis is not None  # None for a None leaf alone
-            shape = leaf.shape
-            x_meta.append(
-                (shape[:axis] + shape[axis + 1 :], leaf.dtype, leaf.device, leaf.requires_grad)
-            )
-    else:
-        if all(leaf is None or type(leaf) in _PLAIN for leaf in carry_type.leaves):
-            carry_meta = tuple(None if t is None else _meta(t) for t in carry_type.leaves)
-            key = _Key((carry_meta, tuple(x_meta)))
-    memo["hoist"] = key
-    return key
-
-
 def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
     """``(carry, ys)`` of ``plan`` with its step's hoisted programs, or None where the step is
     not hoisted (this call: :func:`lookup` says why in :data:`last`): the constant part once,
-    the sequence part batched over every step where that pays (:func:`~._policy.batching_pays`,
+    the sequence part batched over every step where that pays (:data:`~._policy.BATCH_FROM`,
     within :data:`~._policy.AUTO_MEMORY_LIMIT` for ``hoist=None``, and where vmap batches it;
     else at every step, in the loop), the carry's part in the generated loop; ``ys`` stacked
     per leaf as ``plan.out`` lays them out."""
-    reverse = plan.direction[0]  # type: ignore[index]
+    # (the plan's direction, read by eligible() for this call, is in its memo)
+    reverse = (plan.memo.get("direction") or plan.direction)[0]  # type: ignore[index]
     n = plan.length
     carry_type = plan.carry
-    x_key = signature_arguments(plan)
-    if x_key is None:
-        return None
     protocol = plan.protocol
 
     def first_step() -> tuple[Any, Any]:
@@ -248,13 +106,13 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
         return carry_type.init, _pytree.tree_unflatten(x_leaves, plan.xs_spec)
 
     found = lookup(
-        plan.fn,
-        x_key,
+        plan,
         first_step,
         lambda out: protocol.check_fake_result(out, carry_type, plan.out),
         # under saved-tensor hooks a recomputation (torch.utils.checkpoint's) must take the
         # path its forward took, whatever the calls between them: traced at the first call
         now=plan.hoist is True or _compat.saved_tensors_hooks_active(),
+        trace=trace,
     )
     if found is None:
         # (a step whose result the Python loop refuses is refused there, without a warning)
@@ -275,7 +133,7 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
             "the sequence part runs at every step: batched, it would take more "
             "than AUTO_MEMORY_LIMIT bytes",
         )
-    if not _policy.batching_pays(n) or not hoisted.sequence_count or too_big:
+    if n < _policy.BATCH_FROM or not hoisted.sequence_count or too_big:
         # a loop that may stop early takes each step's slice as it comes to it
         columns = [
             _Slices(x, a) if hoisted.stops else x.unbind(a) for x, a in zip(xs, axes, strict=True)
@@ -286,7 +144,7 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
             sequences = _compat.map_over(hoisted.over, list(zip(xs, axes, strict=True)), once)
         except Exception as error:
             reason = f"vmap cannot batch it ({type(error).__name__}: {error})"
-            refuse(plan.fn, x_key, reason)
+            refuse(plan.fn, signature_arguments(plan), reason)
             _warn(plan, reason)
             return None
         columns = [s.unbind(0) for s in sequences]

@@ -7,7 +7,7 @@ Every operation of a step gets a :class:`Kind`, the join (the greatest) of its i
 
 * ``CONSTANT``: it reads captured tensors and constants only; computed once per call;
 * ``SEQUENCE``: it reads the step's slice of the sequences too, but not the carry; computed once
-  over every step (batched), where that pays (:func:`batching_pays`);
+  over every step (batched), where that pays (from :data:`BATCH_FROM` steps);
 * ``CARRY``: it reads the carry, or draws random numbers (the random stream stays the loop's,
   in the loop's order: :data:`RANDOM_ONNX_OPS`, and ATen operations tagged
   ``nondeterministic_seeded``); computed at every step.
@@ -44,12 +44,6 @@ loop: batching it over the steps costs more than it saves there."""
 AUTO_MEMORY_LIMIT = 1 << 30
 """With ``hoist=None``, a scan whose sequence values, batched over every step, would take more
 bytes than this computes them at every step instead (as the Python loop does)."""
-
-
-def batching_pays(steps: int) -> bool:
-    """Whether the ``SEQUENCE`` work of a scan of ``steps`` steps is batched over them, rather
-    than computed at every step in the loop (:data:`BATCH_FROM`)."""
-    return steps >= BATCH_FROM
 
 
 RANDOM_ONNX_OPS = frozenset(

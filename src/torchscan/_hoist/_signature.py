@@ -1,11 +1,17 @@
-"""The signature of a step: what it captures (tensors by their metadata, Python values by value,
-modules with their ``training`` flag), read at every call, and the walk that reads it."""
+"""The signature of a step, and the hoisted steps kept by it: what a step captures (tensors by
+their metadata, Python values by value, modules with their ``training`` flag) and the kinds of
+its arguments (:func:`signature_arguments`), read at every call by the walk (:class:`_Walk`);
+the lookup of a signature's hoisted step, made at its call :data:`~._policy.TRACE_AT_CALL`
+(:func:`lookup`), and what the last scan did (:data:`last`)."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import enum
 import functools
 import operator
+import sys
 import types
 import weakref
 from collections.abc import Callable, Sequence
@@ -15,6 +21,8 @@ import torch
 import torch.fx
 
 from torchscan import _compat
+from torchscan._hoist import _policy
+from torchscan._plan import ScanPlan
 
 _CACHE_SIZE = 128
 """How many signatures, and module walks, are kept."""
@@ -399,23 +407,6 @@ def _module_walk(module: torch.nn.Module, depth: int) -> _Walk | None:
     return walk
 
 
-class _Key:
-    """A signature's key with its hash computed once: a step's key is looked up at every call."""
-
-    __slots__ = ("hash", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.value, self.hash = value, hash(value)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (
-            isinstance(other, _Key) and self.hash == other.hash and self.value == other.value
-        )
-
-
 _MODULE_UNREAD = {
     "_non_persistent_buffers_set", "_state_dict_hooks", "_state_dict_pre_hooks",
     "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
@@ -444,3 +435,194 @@ _meta: Callable[[torch.Tensor], tuple[Any, ...]] = operator.attrgetter(
 
 # ---------------------------------------------------------------------------------------------
 # Watching the Python the step runs while it is traced
+
+
+def signature(fn: Callable[..., Any], arguments: Any) -> tuple[Any, _Walk]:
+    """The key of a step's signature (what it captures, its arguments' :func:`signature_arguments`,
+    and the grad mode), and the walk that read it. The modules it reaches are read again only
+    where they changed (:func:`_module_walk`): a step made anew at every call (a closure, a
+    bound method) is walked quickly."""
+    walk = _Walk()
+    key = _Key(walk.key(fn))
+    walk.finish()
+    return (key, arguments, torch.is_grad_enabled()), walk
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def signature_arguments(plan: ScanPlan) -> _Key | None:
+    """What a signature holds of the arguments of ``plan``: the structures of the carry and of
+    ``x``, and the shape (``x`` without the scanned axis: the length is no part of a signature),
+    dtype, device and ``requires_grad`` of their leaves; ``None`` where a leaf is a tensor
+    subclass. Read from the plan's metadata alone, so kept in its memo."""
+    memo = plan.memo
+    if "hoist" in memo:
+        return memo["hoist"]
+    carry_type = plan.carry
+    x_meta: list[Any] = [carry_type.spec, plan.xs_spec]
+    key: _Key | None = None
+    for leaf, axis in zip(plan.xs_leaves, plan.in_axes, strict=True):
+        if leaf is None:
+            x_meta.append(None)
+        elif type(leaf) not in _PLAIN:
+            break
+        else:
+            assert axis is not None  # None for a None leaf alone
+            shape = leaf.shape
+            x_meta.append(
+                (shape[:axis] + shape[axis + 1 :], leaf.dtype, leaf.device, leaf.requires_grad)
+            )
+    else:
+        if all(leaf is None or type(leaf) in _PLAIN for leaf in carry_type.leaves):
+            carry_meta = tuple(None if t is None else _meta(t) for t in carry_type.leaves)
+            key = _Key((carry_meta, tuple(x_meta)))
+    memo["hoist"] = key
+    return key
+
+
+class _Key:
+    """A signature's key with its hash computed once: a step's key is looked up at every call."""
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value, self.hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, _Key) and self.hash == other.hash and self.value == other.value
+        )
+
+
+_cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+
+traces = 0
+"""How many steps were traced (for tests: a signature is traced once)."""
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the last scan that could be hoisted did: ``"hoisted"``, ``"first call"`` (a step
+    is traced at call :data:`TRACE_AT_CALL` of its signature, unless ``hoist=True``), or
+    ``"loop"``, with
+    the reason."""
+
+    what: str = ""
+    reason: str = ""
+
+
+last = Outcome()
+"""What the last scan that could be hoisted did (read by tests and when debugging)."""
+
+
+def lookup(
+    plan: ScanPlan,
+    arguments: Callable[[], tuple[Any, Any]],
+    check: Callable[[Any], Any],
+    *,
+    now: bool,
+    trace: Callable[..., Hoisted],
+) -> tuple[Hoisted, _Walk] | None:
+    """The hoisted step of this signature, made by ``trace`` (:func:`._trace.trace`) at its
+    call :data:`~._policy.TRACE_AT_CALL` (a step called once or twice is not worth a trace) or,
+    with ``now``, at its first; ``None`` where it runs as the Python loop (also where an
+    argument is a tensor subclass, which no signature holds)."""
+    global traces
+    step_arguments = signature_arguments(plan)
+    if step_arguments is None:
+        _outcome("")  # not a scan that could be hoisted
+        return None
+    fn = plan.fn
+    try:
+        key, walk = signature(fn, step_arguments)
+    except _NotHoistable as reason:
+        _outcome("loop", str(reason))
+        return None
+    entry = _cache.get(key, 0)  # a hoisted step, a refusal, or how many calls were seen
+    if isinstance(entry, _Refused):
+        _outcome("loop", entry.reason)
+        return None
+    if not isinstance(entry, int):
+        _cache.move_to_end(key)
+        _outcome("hoisted")
+        return entry, walk
+    if entry < _policy.TRACE_AT_CALL - 1 and not now:
+        _remember(key, entry + 1)  # calls seen
+        _outcome("first call")
+        return None
+    if sys.getprofile() is not None and not callable(sys.getprofile()):
+        _outcome("loop", "a profiler that cannot be chained runs (cProfile)")
+        return None  # traced when it no longer runs
+    try:
+        traces += 1
+        hoisted = trace(fn, *arguments(), walk, check)
+    except _NotHoistable as reason:
+        _remember(key, _Refused(str(reason)))
+        _outcome("loop", str(reason))
+        return None
+    _remember(key, hoisted)
+    _outcome("hoisted")
+    return hoisted, walk
+
+
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    reason: str
+
+
+def _outcome(what: str, reason: str = "") -> None:
+    last.what, last.reason = what, reason
+
+
+def refuse(fn: Callable[..., Any], step_arguments: Any, reason: str) -> None:
+    """Remember that the step of this signature runs as the Python loop."""
+    try:
+        key, _ = signature(fn, step_arguments)
+    except _NotHoistable:
+        return
+    _remember(key, _Refused(reason))
+    _outcome("loop", reason)
+
+
+def _remember(key: Any, value: Any) -> None:
+    _cache[key] = value
+    _cache.move_to_end(key)
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+
+
+def clear() -> None:
+    """Forget every traced step."""
+    _cache.clear()
+    _module_walks.clear()
+    _outcome("")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hoisted:
+    """The step of one signature, split by class into three generated functions.
+
+    ``once(*captured)`` gives the constant values the other two read; ``over(*x, *once)``, run
+    under ``vmap`` over the steps, gives the sequence values; ``loop(carry, columns, fixed,
+    order)`` runs the steps in ``order`` on the carry's tensors, reading the sequence values and
+    ``x`` leaves of step ``t`` from ``columns`` and the captured tensors and constant values
+    from ``fixed``, and returns the last carry's tensors and the columns of ``y``'s tensors."""
+
+    once: Callable[..., list[Any]]
+    over: Callable[..., list[Any]]
+    loop: Callable[..., tuple[list[Any], list[list[Any]], int]]
+    inline: Callable[..., tuple[list[Any], list[list[Any]], int]]  # loop(carry, x, fixed, order)
+    captured: tuple[int, ...]  # which walked tensors the graph reads
+    x_used: tuple[int, ...]  # which x tensors the loop reads
+    y_tensor: tuple[bool, ...]  # which leaves of y are tensors
+    y_spec: Any
+    y_leaf: bool  # y is one tensor
+    sequence_count: int
+    sequence_bytes: int  # per step
+    source: str  # the generated loop, for debugging
+    stops: bool  # the step returns until(stop): the loop may end before its last step
+    operations: tuple[str, ...]  # the operations of the loop, by name

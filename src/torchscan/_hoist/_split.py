@@ -3,9 +3,7 @@ run does not need removed, and the programs of each class, with what crosses bet
 
 from __future__ import annotations
 
-import dataclasses
 import operator
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,33 +12,7 @@ import torch.fx
 from torchscan import _compat, _pytree
 from torchscan._hoist._codegen import _generate, _generate_loop
 from torchscan._hoist._policy import Kind, join
-from torchscan._hoist._signature import _NotHoistable, _Walk
-
-
-@dataclasses.dataclass(frozen=True)
-class Hoisted:
-    """The step of one signature, split by class into three generated functions.
-
-    ``once(*captured)`` gives the constant values the other two read; ``over(*x, *once)``, run
-    under ``vmap`` over the steps, gives the sequence values; ``loop(carry, columns, fixed,
-    order)`` runs the steps in ``order`` on the carry's tensors, reading the sequence values and
-    ``x`` leaves of step ``t`` from ``columns`` and the captured tensors and constant values
-    from ``fixed``, and returns the last carry's tensors and the columns of ``y``'s tensors."""
-
-    once: Callable[..., list[Any]]
-    over: Callable[..., list[Any]]
-    loop: Callable[..., tuple[list[Any], list[list[Any]], int]]
-    inline: Callable[..., tuple[list[Any], list[list[Any]], int]]  # loop(carry, x, fixed, order)
-    captured: tuple[int, ...]  # which walked tensors the graph reads
-    x_used: tuple[int, ...]  # which x tensors the loop reads
-    y_tensor: tuple[bool, ...]  # which leaves of y are tensors
-    y_spec: Any
-    y_leaf: bool  # y is one tensor
-    sequence_count: int
-    sequence_bytes: int  # per step
-    source: str  # the generated loop, for debugging
-    stops: bool  # the step returns until(stop): the loop may end before its last step
-    operations: tuple[str, ...]  # the operations of the loop, by name
+from torchscan._hoist._signature import Hoisted, _NotHoistable, _Walk
 
 
 def _split(gm: torch.fx.GraphModule, walk: _Walk, n_carry: int, shape: dict[str, Any]) -> Hoisted:

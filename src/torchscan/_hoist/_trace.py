@@ -17,8 +17,8 @@ import torch
 import torch.fx
 
 from torchscan import _compat, _pytree, _source
-from torchscan._hoist._signature import _REFUSED_RESULT, _TENSORS, _NotHoistable, _Walk
-from torchscan._hoist._split import Hoisted, _split
+from torchscan._hoist._signature import _REFUSED_RESULT, _TENSORS, Hoisted, _NotHoistable, _Walk
+from torchscan._hoist._split import _split
 from torchscan._until import Until
 
 _TORCH_DIR = os.path.dirname(torch.__file__)

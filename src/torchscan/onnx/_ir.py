@@ -9,7 +9,8 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import onnx_ir as ir
 
-_DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+"""The names of the default ONNX domain: ``""`` and its alias ``"ai.onnx"``."""
 
 STATE_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 PERSISTENT = "pkg.torch.export.graph_signature.InputSpec.persistent"
@@ -21,7 +22,7 @@ persistent (``"True"``); torchscan's export writes them into the file, where
 
 def is_default_domain(domain: str) -> bool:
     """Whether ``domain`` names the default ONNX domain (``""`` or its alias ``"ai.onnx"``)."""
-    return domain in _DEFAULT_DOMAINS
+    return domain in DEFAULT_DOMAINS
 
 
 def default_opset(imports: Mapping[str, int]) -> int | None:

@@ -133,7 +133,8 @@ boundary each crosses; ``to_torch``'s implementations, by the schema each follow
 
 def op_key(domain: str, op: str, since: int) -> OpKey:
     """The key of version ``since`` of ``op`` in ``domain`` (``"ai.onnx"`` is ``""``)."""
-    return ("" if _ir.is_default_domain(domain) else domain, op, since)
+    # (made for every node at every version boundary a conversion crosses)
+    return ("" if domain in _ir.DEFAULT_DOMAINS else domain, op, since)
 
 
 def schema_since(domain: str, op: str, opset: int) -> int | None:

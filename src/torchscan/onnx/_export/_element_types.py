@@ -72,7 +72,7 @@ def check_loop_types(graph: ir.Graph, target_opset: int) -> None:
     """Refuse a Scan or Loop, at any depth, whose tensors have an element type that its version
     at ``target_opset`` does not allow, naming the first opset that does."""
     for node in ir.traversal.RecursiveGraphIterator(graph):
-        if not _ir.is_default_domain(node.domain) or node.op_type not in ("Scan", "Loop"):
+        if node.domain not in _ir.DEFAULT_DOMAINS or node.op_type not in ("Scan", "Loop"):
             continue
         versions, version = _versions(node.op_type, target_opset)
         for role, value in _roles(node):

@@ -72,7 +72,7 @@ def _visit(graph: ir.Graph, names: _ir.Names, allowed: dict[str, frozenset[ir.Da
         for attribute in node.attributes.values():
             if attribute.type == ir.AttributeType.GRAPH:
                 moved += _visit(attribute.as_graph(), names, allowed)
-        if _ir.is_default_domain(node.domain) and node.op_type in ("Scan", "Loop"):
+        if node.domain in _ir.DEFAULT_DOMAINS and node.op_type in ("Scan", "Loop"):
             moved += _hoist(graph, node, names, allowed[node.op_type])
     return moved
 
@@ -87,7 +87,7 @@ def drop_unread_sequences(graph: ir.Graph) -> int:
         for attribute in node.attributes.values():
             if attribute.type == ir.AttributeType.GRAPH:
                 removed += drop_unread_sequences(attribute.as_graph())
-        if not (_ir.is_default_domain(node.domain) and node.op_type == "Scan"):
+        if not (node.domain in _ir.DEFAULT_DOMAINS and node.op_type == "Scan"):
             continue
         if "directions" in node.attributes or "num_scan_inputs" not in node.attributes:
             continue  # Scan-8: a batch axis and sequence_lens, left as they are
@@ -206,7 +206,7 @@ def _frontier(body: ir.Graph, per_step: list[ir.Node]) -> list[ir.Value]:
 
 def _classify(node: ir.Node, kinds: dict[ir.Value, object], body: ir.Graph) -> object:
     if (
-        not _ir.is_default_domain(node.domain)
+        node.domain not in _ir.DEFAULT_DOMAINS
         or node.op_type in _policy.RANDOM_ONNX_OPS
         or any(
             a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
@@ -391,7 +391,7 @@ def _fold_into_gemm(graph: ir.Graph, scan: ir.Node, body: ir.Graph, names: _ir.N
     n_scanned = scan.attributes["num_scan_inputs"].as_int()
     n_state = len(body.inputs) - n_scanned
     for add in list(body):
-        if add.op_type != "Add" or not _ir.is_default_domain(add.domain):
+        if add.op_type != "Add" or add.domain not in _ir.DEFAULT_DOMAINS:
             continue
         pair = _gemm_and_element(add, body, n_state)
         if pair is None:

@@ -63,7 +63,7 @@ class _Trace:
 
 def _current() -> _Trace | None:
     """The trace in progress in this context, if any."""
-    return _context.probe(_context.Probe.IMPORT)
+    return _context.probes().get(_context.Probe.IMPORT)
 
 
 def ints(values: torch.Tensor | None) -> list[Any]:
@@ -190,7 +190,7 @@ class Graph:
         for node in self.nodes:
             args = [env[name] if name else None for name in node.inputs]
             try:
-                result = node.run(Call(node, module, env), *args)
+                result = node.run(Call(node, module, env, node.attributes.get), *args)
             except OnnxImportError:
                 raise
             except _NotTraceable:
@@ -252,9 +252,10 @@ class Call:
     node: Node
     module: torch.nn.Module
     env: Mapping[str, Any]
-
-    def attribute(self, name: str, default: Any = None) -> Any:
-        return self.node.attributes.get(name, default)
+    attribute: Callable[..., Any]
+    """``attribute(name, default)``: the node's attribute ``name``, or ``default`` where the node
+    does not have it (the attributes' own ``get``: read at every run of a node, on the path of
+    every step of a loop)."""
 
     def run_graph(self, name: str, inputs: Sequence[Any]) -> list[Any]:
         """Run the subgraph of attribute ``name`` on ``inputs``, reading the values in scope

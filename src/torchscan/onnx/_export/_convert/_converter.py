@@ -70,7 +70,7 @@ class Converter(Context):
     def _lower(self, node: ir.Node, level: int, crossed: int) -> None:
         """``node``, valid at opset ``level``, rewritten into nodes valid at the target.
         ``crossed`` is the last boundary crossed on the way, which errors about types name."""
-        if not _ir.is_default_domain(node.domain):
+        if node.domain not in _ir.DEFAULT_DOMAINS:
             self._lower_subgraphs(node)
             return
         since = _schema_diff.since_in_force(node.op_type, level)
