@@ -45,6 +45,21 @@ def _compiled() -> None:
     torch.compile(_scan, backend="eager", fullgraph=True)(_xs())
 
 
+def _compiled_leaf_by_leaf() -> None:
+    torch._dynamo.reset()
+
+    def both_ways(xs: torch.Tensor) -> Any:
+        return torchscan.scan(
+            lambda h, x: step(h, x[0] - x[1]),
+            torch.zeros(B, H),
+            (xs, xs),
+            in_reverse=(False, True),
+            out_reverse=True,
+        )
+
+    torch.compile(both_ways, backend="eager", fullgraph=True)(_xs())
+
+
 def _exported() -> None:
     class M(torch.nn.Module):
         def forward(self, xs: torch.Tensor) -> torch.Tensor:
@@ -84,6 +99,7 @@ ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
     "hoist=True, first call": (_calls(1, hoist=True), ["hoisted"], "hoisted"),
     "length 0": (lambda: _scan(_xs(0)), ["empty"], ""),
     "torch.compile": (_compiled, ["compiled"], ""),
+    "torch.compile, directions leaf by leaf": (_compiled_leaf_by_leaf, ["compiled"], ""),
     "torch.export": (_exported, ["traced"], ""),
     # the outer scan runs no step; its step, called on fake tensors, calls the inner scan
     "probing shapes": (_probed, ["empty", "traced"], ""),

@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from torchscan import _compat, _context, _eager, _inplace, _pytree
+from torchscan import _compat, _context, _eager, _inplace, _layout, _pytree
 from torchscan._eager import device_of
 from torchscan._hoist import _inductor
 from torchscan._plan import LoopPlan, ScanPlan
@@ -38,14 +38,23 @@ __all__ = ["FirstStep", "first_step", "loop", "loop_operators_apply", "scan"]
 
 def scan(plan: ScanPlan) -> tuple[Any, Any]:
     """``scan`` under ``torch.compile``: the first step traced as it is, the others as one loop
-    operator (the plan reads every sequence one way and stacks every output on one axis)."""
+    operator. Where the axes or directions are given leaf by leaf, each sequence is laid out
+    forward on axis 0 first (a sequence read backwards, flipped) and the steps run forward, and
+    each output is stacked on its own axis, flipped where it is stacked backwards; where they
+    are one for all, the loop operator reads and stacks them that way at once."""
     direction = plan.direction
-    assert direction is not None
+    in_reverse: Sequence[bool] = [False] * len(plan.xs_leaves)
+    if direction is None:  # leaf by leaf
+        direction, in_reverse = (False, True), plan.in_reverse
     reverse, realign = direction
     n, axis, protocol = plan.length, plan.out.axis, plan.protocol
     xs = [
-        None if leaf is None or a is None else leaf.movedim(a, 0)  # a None leaf has no axis
-        for leaf, a in zip(plan.xs_leaves, plan.in_axes, strict=True)
+        None  # a None leaf has no axis
+        if leaf is None or a is None
+        else leaf.movedim(a, 0).flip(0)
+        if r
+        else leaf.movedim(a, 0)
+        for leaf, a, r in zip(plan.xs_leaves, plan.in_axes, in_reverse, strict=True)
     ]
 
     def take(t: Any) -> Any:
@@ -65,16 +74,24 @@ def scan(plan: ScanPlan) -> tuple[Any, Any]:
     )
     out = first.out
     has_until = protocol.check_first(out, plan.carry, plan.out)
+    if has_until and plan.direction is None:
+        raise _layout.until_per_leaf(protocol.api, protocol.fn_name)
     if first.broke or not loop_operators_apply(out, has_until):
         # fn breaks the graph, or torch cannot train the loop operator: the other steps run as
         # eagerly (TorchDynamo unrolls them where it can trace them)
         indexed = first.reshaped_items(plan.carry.n_tensors, len(xs))
-        steps = _eager.slices(plan, indexed=indexed)
+        leaf_by_leaf = plan.in_reverse if plan.direction is None else None
+        steps = _eager.slices(plan, leaf_by_leaf, indexed=indexed)
         later = list(reversed(steps))[1:] if reverse else steps[1:]
         carry, ys = protocol.run_after_first(plan.fn, later, plan.carry, out)
         return carry, protocol.outputs.stack(ys, plan.out)
     init = plan.carry.init
     if has_until:
+        # torch.while_loop refuses inputs that alias one another ((xs, xs), (xs, xs.T)): each
+        # sequence after the first is read from a copy of its own
+        present = [k for k, x in enumerate(xs) if x is not None]
+        for k in present[1:]:
+            xs[k] = xs[k].clone()  # type: ignore[union-attr]
         device = device_of([*plan.carry.leaves, *plan.xs_leaves])
         return run_loop(
             plan.fn,
@@ -101,6 +118,9 @@ def scan(plan: ScanPlan) -> tuple[Any, Any]:
         axis=axis,
         hoist=plan.hoist,
         copied=first.reshapes_views,
+        per_leaf=None
+        if plan.direction is not None
+        else (plan.out.axes(out[1]), plan.out.reverse(out[1])),
     )
 
 
@@ -431,6 +451,7 @@ def run_scan(
     axis: int,
     hoist: bool | None = None,
     copied: bool = False,
+    per_leaf: tuple[Sequence[int], Sequence[bool]] | None = None,
 ) -> tuple[Any, Any]:
     """Every step of a scan without ``until`` as torch's ``scan`` operator.
 
@@ -439,7 +460,9 @@ def run_scan(
     ``y``; the compiler drops that computation). Returns ``(carry, ys)``, ``ys`` on ``axis``.
     Unless ``hoist`` is ``False``, Inductor moves the work of the steps that does not depend on
     the carry out of the loop (:mod:`torchscan._hoist._inductor`). With ``copied``, ``fn`` is
-    given copies of its arguments (a step that reshapes views of them in place).
+    given copies of its arguments (a step that reshapes views of them in place). ``per_leaf``,
+    the axis and the direction of every leaf of ``y`` (``None`` ones included), stacks each on its
+    own, in place of ``axis`` and ``realign``.
     """
     carry_flat, carry = _Flat.of(init)
     y_flat, y0 = _Flat.of(out0[1])
@@ -474,6 +497,11 @@ def run_scan(
         _hoist_in_this_compile()
     final, ys = _compat.scan_operator()(combine, carry, sequences, dim=0, reverse=reverse)
     final, ys = carry_codec.decode(final[:n_carry]), y_codec.decode(ys)
+    if per_leaf is not None:
+        axes, reverses = per_leaf
+        kept = [(a, r) for a, r, p in zip(axes, reverses, y_flat.present, strict=True) if p]
+        ys = [(y.flip(0) if r else y).movedim(0, a) for y, (a, r) in zip(ys, kept, strict=True)]
+        return carry_flat.build(final), y_flat.build(ys)
     if reverse and not realign:
         ys = [y.flip(0) for y in ys]
     return carry_flat.build(final), y_flat.build([y.movedim(0, axis) for y in ys])

@@ -57,7 +57,7 @@ def choose(plan: ScanPlan | LoopPlan) -> Strategy:
     if isinstance(plan, ScanPlan):
         if plan.length == 0:
             return "empty"
-        if compiling_now and plan.loop_operator and plan.direction is not None:
+        if compiling_now and plan.loop_operator:
             return "compiled"
         if not compiling_now and _hoist.eligible(plan):
             return "hoisted"
