@@ -200,3 +200,31 @@ def test_work_on_x_that_nothing_reads_leaves_the_loop_with_a_sequence():
     with torch.no_grad():
         got = torch.compile(lambda h, xs: torchscan.scan(step, h, xs))(h, xs)
     torch.testing.assert_close(got, scan_loop(step, h, xs))
+
+
+def test_constants_the_loop_reads_are_computed_once_before_it_with_the_loops_gradients():
+    """Keys and values of a fixed memory, read by the carry's attention at every step, leave the
+    loop (computed once from the outside values); the results and the gradients to the memory,
+    the weights, the sequence and the carry are the Python loop's. The pass runs on the graph
+    TorchDynamo captures, which then runs as it is (no Inductor compilation)."""
+    torch.manual_seed(0)
+    memory, wk, wv, wq = randn(B, 3, H, grad=True), *(randn(H, H, grad=True) for _ in range(3))
+
+    def step(h, x):
+        keys, values = memory @ wk, memory @ wv
+        scores = ((h @ wq).unsqueeze(1) @ keys.transpose(1, 2)).squeeze(1)
+        h = torch.tanh((scores.softmax(-1).unsqueeze(1) @ values).squeeze(1) + x)
+        return h, h * 2
+
+    def backend(gm, _inputs):
+        _compiled_hoist.hoist_scans(gm.graph)
+        return gm.forward
+
+    h, xs = randn(B, H, grad=True), randn(T, B, H, grad=True)
+    got = torch.compile(lambda h, xs: torchscan.scan(step, h, xs), backend=backend)(h, xs)
+    (moved, _), *others = _compiled_hoist.last
+    assert not others
+    assert moved >= 3  # the keys' and the values' products, the keys transposed
+    want = scan_loop(step, h, xs)
+    torch.testing.assert_close(got, want)
+    assert_gradients_equal(got, want, [h, xs, memory, wk, wv, wq])

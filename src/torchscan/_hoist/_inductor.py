@@ -10,8 +10,10 @@ carry's, where any of its inputs is of the carry; the sequence's, where it reads
 sequence but nothing of the carry; a constant's otherwise. The sequence's operations whose values
 the carry's operations or the outputs read are computed before the loop, once over every step
 (``torch.func.vmap`` of a graph of them), and their values become sequences of the loop operator;
-the body keeps the rest. Under ``torch.compile`` an input projection ``x @ W`` is then one matrix
-product over the whole sequence, in the forward and in the backward pass.
+the constants they read are computed once before it too (:func:`run_once`), and become outside
+values of the loop operator; the body keeps the rest. Under ``torch.compile`` an input
+projection ``x @ W`` is then one matrix product over the whole sequence, in the forward and in
+the backward pass.
 
 Only steps made of operations known to have no effects and to draw no random numbers are
 rewritten (:data:`PURE_FUNCTIONS`, :data:`PURE_METHODS`): a body with any other operation, a
@@ -134,8 +136,9 @@ def _hoist_scan(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     the sequences', the rest constants; a node the join of its inputs'), the sequence nodes
     that the carry's nodes or the outputs read are computed before the loop by
     :func:`map_over_steps` over every step, and their values become new sequences of the
-    operator, the body keeping the rest. Returns whether it rewrote anything (:data:`last`
-    records what moved)."""
+    operator; the constant nodes they read, once by :func:`run_once`, their values new outside
+    values of the operator; the body keeps the rest. Returns whether it rewrote anything
+    (:data:`last` records what moved)."""
     if len(node.args) != 4 or node.kwargs:
         return False
     body_node, *lists = node.args
@@ -170,49 +173,58 @@ def _hoist_scan(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
             klass[n] = Kind.CARRY  # the loop operator's copy of what it returns stays in the loop
         elif n.op in ("call_function", "call_method", "get_attr"):
             klass[n] = join(klass[a] for a in n.all_input_nodes)
-    crossing = [
-        n
-        for n in body.graph.nodes
-        if n.op != "placeholder"
-        and klass.get(n) == Kind.SEQUENCE
-        and isinstance(n.meta.get("example_value"), torch.Tensor)
-        and any(u.op == "output" or klass.get(u) == Kind.CARRY for u in n.users)
-    ]
-    if not crossing:
+    crossing = _crossing(body, klass, Kind.SEQUENCE)
+    constant_crossing = _crossing(body, klass, Kind.CONSTANT)
+    if not crossing and not constant_crossing:
         return False
+    values: list[torch.fx.Node] = []
+    new: list[torch.fx.Node] = []
     needed: set[torch.fx.Node] = set()
-    stack = list(crossing)
-    while stack:
-        n = stack.pop()
-        if n not in needed and n.op != "placeholder":
-            needed.add(n)
-            stack.extend(n.all_input_nodes)
-    part = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for p in placeholders[n_carry:]:
-        env[p] = part.placeholder(p.name)
-    for n in body.graph.nodes:
-        if n in needed:
-            env[n] = part.node_copy(n, lambda a: env[a])
-    part.output(tuple(env[c] for c in crossing))
-    sequence_part = torch.fx.GraphModule(body, part)
-    if not _batches_right(sequence_part, list(xs), list(fixed), crossing):
-        return False
-    name = f"{body_node.target}_sequence_part"
-    gm.add_submodule(name, sequence_part)
-    with gm.graph.inserting_before(node):
-        module = gm.graph.get_attr(name)
-        mapped = gm.graph.call_function(map_over_steps, (module, list(xs), list(fixed)))
-        values = [
-            gm.graph.call_function(operator.getitem, (mapped, i)) for i in range(len(crossing))
-        ]
-    new = []
-    with body.graph.inserting_after(placeholders[n_carry + n_x - 1]):
-        for c in reversed(crossing):
-            new.append(body.graph.placeholder(f"{c.name}_t"))
-    for c, p in zip(crossing, reversed(new), strict=True):
-        p.meta.update(c.meta)
-        c.replace_all_uses_with(p)
+    if crossing:
+        needed = _needed(crossing)
+        sequence_part = _part(body, placeholders[n_carry:], needed, crossing)
+        if not _batches_right(sequence_part, list(xs), list(fixed), crossing):
+            return False
+        name = f"{body_node.target}_sequence_part"
+        gm.add_submodule(name, sequence_part)
+        with gm.graph.inserting_before(node):
+            module = gm.graph.get_attr(name)
+            mapped = gm.graph.call_function(map_over_steps, (module, list(xs), list(fixed)))
+            values = [
+                gm.graph.call_function(operator.getitem, (mapped, i)) for i in range(len(crossing))
+            ]
+        with body.graph.inserting_after(placeholders[n_carry + n_x - 1]):
+            for c in reversed(crossing):
+                new.append(body.graph.placeholder(f"{c.name}_t"))
+        for c, p in zip(crossing, reversed(new), strict=True):
+            p.meta.update(c.meta)
+            c.replace_all_uses_with(p)
+    # the constants the loop reads, computed once before it from the outside values alone
+    constants: list[torch.fx.Node] = []
+    new_fixed: list[torch.fx.Node] = []
+    if constant_crossing:
+        constant_needed = _needed(constant_crossing)
+        needed |= constant_needed
+        constant_part = _part(
+            body, placeholders[n_carry + n_x :], constant_needed, constant_crossing
+        )
+        name = f"{body_node.target}_constant_part"
+        gm.add_submodule(name, constant_part)
+        with gm.graph.inserting_before(node):
+            module = gm.graph.get_attr(name)
+            computed = gm.graph.call_function(run_once, (module, list(fixed)))
+            constants = [
+                gm.graph.call_function(operator.getitem, (computed, i))
+                for i in range(len(constant_crossing))
+            ]
+        last_placeholder = [n for n in body.graph.nodes if n.op == "placeholder"][-1]
+        with body.graph.inserting_after(last_placeholder):
+            for c in reversed(constant_crossing):
+                new_fixed.append(body.graph.placeholder(f"{c.name}_once"))
+        new_fixed.reverse()
+        for c, p in zip(constant_crossing, new_fixed, strict=True):
+            p.meta.update(c.meta)
+            c.replace_all_uses_with(p)
     output = next(n for n in body.graph.nodes if n.op == "output")
     with body.graph.inserting_before(output):  # the loop operator returns no input of its own
         output.args = torch.fx.map_arg(
@@ -222,13 +234,16 @@ def _hoist_scan(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     body.graph.eliminate_dead_code()
     # the sequences and the outside values the loop no longer reads leave it (torch's scan would
     # otherwise give gradients for them from the loop as well)
-    inputs = [*xs, *values, *fixed]
+    inputs = [*xs, *values, *fixed, *constants]
     kept_ph = placeholders[:n_carry]
     kept_inputs: list[Any] = []
     n_sequences = 0
-    later = (
-        placeholders[n_carry : n_carry + n_x] + list(reversed(new)) + placeholders[n_carry + n_x :]
-    )
+    later = [
+        *placeholders[n_carry : n_carry + n_x],
+        *reversed(new),
+        *placeholders[n_carry + n_x :],
+        *new_fixed,
+    ]
     for i, (p, value) in enumerate(zip(later, inputs, strict=True)):
         if p.users:
             kept_ph.append(p)
@@ -242,6 +257,59 @@ def _hoist_scan(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     stayed = sum(1 for n in body.graph.nodes if n.op in ("call_function", "call_method"))
     last.append((moved, stayed))
     return True
+
+
+def _crossing(
+    body: torch.fx.GraphModule, klass: dict[torch.fx.Node, Kind], kind: Kind
+) -> list[torch.fx.Node]:
+    """The operations of ``kind`` whose tensors the loop's carry part or its outputs read: what
+    crosses into the loop once they are computed outside it."""
+    return [
+        n
+        for n in body.graph.nodes
+        if n.op in ("call_function", "call_method")
+        and klass.get(n) == kind
+        and isinstance(n.meta.get("example_value"), torch.Tensor)
+        and any(u.op == "output" or klass.get(u) == Kind.CARRY for u in n.users)
+    ]
+
+
+def _needed(crossing: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The operations ``crossing`` are computed from, themselves included."""
+    needed: set[torch.fx.Node] = set()
+    stack = list(crossing)
+    while stack:
+        n = stack.pop()
+        if n not in needed and n.op != "placeholder":
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    return needed
+
+
+def _part(
+    body: torch.fx.GraphModule,
+    inputs: list[torch.fx.Node],
+    needed: set[torch.fx.Node],
+    crossing: list[torch.fx.Node],
+) -> torch.fx.GraphModule:
+    """The operations ``needed`` of ``body`` as a graph of their own, which takes the
+    placeholders ``inputs`` and returns ``crossing``."""
+    part = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for p in inputs:
+        env[p] = part.placeholder(p.name)
+    for n in body.graph.nodes:
+        if n in needed:
+            env[n] = part.node_copy(n, lambda a: env[a])
+    part.output(tuple(env[c] for c in crossing))
+    return torch.fx.GraphModule(body, part)
+
+
+def run_once(
+    constant_part: torch.fx.GraphModule, fixed: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """The constant part of a step, computed once before the loop from the outside values."""
+    return tuple(constant_part(*fixed))
 
 
 def _batches_right(
