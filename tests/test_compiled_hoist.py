@@ -228,3 +228,21 @@ def test_constants_the_loop_reads_are_computed_once_before_it_with_the_loops_gra
     want = scan_loop(step, h, xs)
     torch.testing.assert_close(got, want)
     assert_gradients_equal(got, want, [h, xs, memory, wk, wv, wq])
+
+
+@pytest.mark.parametrize("length", [1, 4])
+def test_a_step_of_constants_alone_keeps_a_sequence_for_the_length(length):
+    """A step that reads no carry and no ``x`` (``length=`` without sequences): its work leaves
+    the loop, which keeps a sequence to take its length from (a fuzzed program)."""
+    w = randn(3, grad=True)
+
+    def backend(gm, _inputs):
+        _compiled_hoist.hoist_scans(gm.graph)
+        return gm.forward
+
+    def fn(w):
+        return torchscan.scan(lambda c, x: (None, w + w), None, length=length)
+
+    got = torch.compile(fn, backend=backend)(w)
+    assert _compiled_hoist.last
+    torch.testing.assert_close(got, fn(w))

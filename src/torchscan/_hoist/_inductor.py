@@ -244,11 +244,15 @@ def _hoist_scan(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         *placeholders[n_carry + n_x :],
         *new_fixed,
     ]
+    n_scanned = n_x + len(values)
+    # torch's scan takes its length from a sequence: one is kept where the loop reads none
+    # (every value it read moved out of it)
+    keep_one = not any(p.users for p in later[:n_scanned])
     for i, (p, value) in enumerate(zip(later, inputs, strict=True)):
-        if p.users:
+        if p.users or (keep_one and i == 0):
             kept_ph.append(p)
             kept_inputs.append(value)
-            n_sequences += i < n_x + len(values)
+            n_sequences += i < n_scanned
         else:
             body.graph.erase_node(p)
     body.recompile()
