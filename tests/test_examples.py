@@ -19,6 +19,7 @@ BENCHMARKS = {
     "export_time.py": ["--T", "4", "--B", "2", "--H", "4", "--repeats", "1"],
     "import_time.py": ["--repeats", "1"],
     "routes.py": [],
+    "revisions.py": ["src", "src", "--quick"],  # the tree against itself
     "onnxruntime_parts.py": ["--cells", "RNN", "LSTM", "--H", "4", "--T", "3", "--repeats", "1"],
     "suite.py": ["--quick"],
     "speed.py": ["--quick", "--memory", "--cells", "RNN", "LSTM"],
@@ -37,6 +38,7 @@ ROWS = {
     "export_time.py": 4,
     "import_time.py": 3,
     "routes.py": 5,
+    "revisions.py": 9,
     "onnxruntime_parts.py": 2 * 5,
     "suite.py": 24 + 6 + 6 + 6 + 12,
     "speed.py": 2 * (2 * 2) * 2,  # 2 cells, 2 lengths, 2 modes; speed and memory

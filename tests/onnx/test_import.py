@@ -701,6 +701,9 @@ PRODUCTS = {
     "inner 16": ((40, 16), (16, 9)),
     "matrix by vector": ((300, 2), (2,)),
     "vector by matrix": ((2,), (2, 300)),
+    "one row by matrix": ((1, 5), (5, 300)),
+    "matrix by one column": ((300, 3), (3, 1)),
+    "batch by vector": ((10, 30, 4), (4,)),
     "batch of matrices by columns": ((100, 3, 2), (100, 2, 1)),
 }
 
@@ -719,8 +722,20 @@ def test_matmul_of_float32_gives_onnxruntime_s_and_numpy_s_bits(case: str) -> No
         got = torchscan.onnx.to_torch(model)(torch.from_numpy(a), torch.from_numpy(b)).numpy()
     for onnxruntime in run_onnxruntime_on(model, {"a": a, "b": b}).values():
         np.testing.assert_array_equal(got, onnxruntime[0])
-    if a_shape[-1] <= 5:  # numpy's own loop (a BLAS library computes larger ones)
+    matrices = len(a_shape) >= 2 and len(b_shape) >= 2 and a_shape[-2] > 1 and b_shape[-1] > 1
+    if matrices and a_shape[-1] <= 5:
+        # numpy's own loop; a BLAS library computes larger ones, and every product with one row
+        # or column (in its matrix-vector kernel, which rounds as the CPU's kernel does)
         np.testing.assert_array_equal(got, np.matmul(a, b))
+    if not matrices:  # the terms rounded, then added in order, each sum rounded
+        left = a if a.ndim > 1 else a[None]
+        right = b if b.ndim > 1 else b[:, None]
+        expected = np.zeros(np.broadcast_shapes(left[..., :1].shape, right[..., :1, :].shape))
+        expected = expected.astype(np.float32)
+        for k in range(a_shape[-1]):
+            expected = expected + left[..., :, k : k + 1] * right[..., k : k + 1, :]
+        assert expected.dtype == np.float32
+        np.testing.assert_array_equal(got, expected.reshape(got.shape))
 
 
 def test_matmul_rounds_each_term_once_where_float64_would_round_twice() -> None:

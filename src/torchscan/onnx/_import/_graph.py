@@ -63,7 +63,12 @@ class _Trace:
 
 def _current() -> _Trace | None:
     """The trace in progress in this context, if any."""
-    return _context.probes().get(_context.Probe.IMPORT)
+    probes = _probes()
+    return probes.get(_IMPORT) if probes else None  # eagerly, none: no lookup
+
+
+_probes = _context.probes
+_IMPORT = _context.Probe.IMPORT
 
 
 def ints(values: torch.Tensor | None) -> list[Any]:
@@ -244,10 +249,11 @@ def _describe(value: Any) -> str:
     return "omitted" if value is None else type(value).__name__
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Call:
     """What an implementation reads besides its inputs: the node, and for a node with
-    subgraphs, the module and the values around it (:meth:`run_graph`)."""
+    subgraphs, the module and the values around it (:meth:`run_graph`). Made for every run of a
+    node, and never changed: slotted rather than frozen, which would cost a call per field."""
 
     node: Node
     module: torch.nn.Module

@@ -146,8 +146,13 @@ implements("Mean", 8, 13)(_variadic(torch.add, mean=True))
 
 
 FUSED_INNER = 16
-"""The largest inner dimension ``K`` of a float32 ``MatMul`` (and ``Gemm``) that the module
-computes as onnxruntime and numpy do (:func:`fused_matmul`)."""
+"""The largest inner dimension ``K`` of a float32 ``MatMul`` (and ``Gemm``) of matrices that the
+module computes as onnxruntime and numpy do (:func:`fused_matmul`)."""
+
+ROUNDED_INNER = 5
+"""The largest inner dimension ``K`` of a float32 product with one row or one column that the
+module computes as onnxruntime and numpy do (:func:`rounded_matmul`): beyond it their
+matrix-vector kernels add the terms in vector lanes, in an order that depends on the CPU."""
 
 
 @implements("MatMul", 1, 9, 13)
@@ -156,17 +161,18 @@ def matmul(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``numpy.matmul(a, b)``, the specification's product. A float32 product of an inner
-    dimension of at most :data:`FUSED_INNER` is computed as onnxruntime's CPU kernel and numpy
-    compute it (:func:`fused_matmul`), where torch's CPU kernel for small matrices rounds each
-    term before adding it: one unit in the last place per element, which a computation that
-    cancels (the determinant of a 2x2 covariance, ``a * d - b * c``) makes much larger. While
-    torch.compile or torch.export trace the module, and for the gradients, it is
-    ``torch.matmul``, so that a module exported again holds a ``MatMul``."""
-    if _context.compiling() or not _fused(a, b):  # traced: no guard on the sizes
+    """``numpy.matmul(a, b)``, the specification's product. A small float32 product is
+    computed as onnxruntime's CPU kernels and numpy compute it (:func:`_as_onnxruntime`), where
+    torch's CPU kernels round differently from one CPU to another: one unit in the last place
+    per element, which a computation that cancels (the determinant of a 2x2 covariance,
+    ``a * d - b * c``) makes much larger. While torch.compile or torch.export trace the module,
+    and for the gradients, it is ``torch.matmul``, so that a module exported again holds a
+    ``MatMul``."""
+    rounding = None if _context.compiling() else _as_onnxruntime(a, b)  # traced: no guard
+    if rounding is None:
         return torch.matmul(a, b)
     with torch.no_grad():
-        exact = fused_matmul(a, b)
+        exact = rounding(a, b)
     if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return exact
     product = torch.matmul(a, b)
@@ -175,19 +181,42 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return exact + torch.where(torch.isfinite(product.detach()), zero, torch.zeros_like(zero))
 
 
-def _fused(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether onnxruntime computes ``a @ b`` as :func:`fused_matmul` does: float32, an inner
-    dimension from 1 to :data:`FUSED_INNER`, and a product of matrices of at least 2 rows
-    (a batch of the left operand counts as rows where the right one is one matrix, as
-    onnxruntime folds it so) and at least 2 columns. A product with a single row or column
-    runs in its matrix-vector kernel, whose terms are rounded before they are added, as torch
-    does for small sizes."""
-    if a.dtype != torch.float32 or b.dtype != torch.float32 or a.dim() < 2 or b.dim() < 2:
-        return False
-    if a.device.type != "cpu" or not 1 <= a.shape[-1] <= FUSED_INNER:
-        return False
-    rows = a.shape[:-1].numel() if b.dim() == 2 else a.shape[-2]
-    return rows >= 2 and b.shape[-1] >= 2
+def _as_onnxruntime(
+    a: torch.Tensor, b: torch.Tensor
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """How onnxruntime's CPU kernel rounds ``a @ b``, where the module computes it so; else
+    ``None``. For float32 on the CPU: a product of matrices of at least 2 rows (a batch of the
+    left operand counts as rows where the right one is one matrix, as onnxruntime folds it so)
+    and at least 2 columns, and an inner dimension of at most :data:`FUSED_INNER`, is a chain
+    of fused multiply-adds (:func:`fused_matmul`); a product with a single row or column (a 1-D
+    operand included), which runs in its matrix-vector kernel, and an inner dimension of at most
+    :data:`ROUNDED_INNER`, is a sum of rounded terms (:func:`rounded_matmul`)."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32 or a.device.type != "cpu":
+        return None
+    inner = a.shape[-1]
+    if a.dim() >= 2 and b.dim() >= 2:
+        rows = a.shape[:-1].numel() if b.dim() == 2 else a.shape[-2]
+        if rows >= 2 and b.shape[-1] >= 2:
+            return fused_matmul if 1 <= inner <= FUSED_INNER else None
+    return rounded_matmul if 1 <= inner <= ROUNDED_INNER else None
+
+
+def rounded_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of float32 tensors (numpy's broadcasting, 1-D operands included) with each
+    element ``c = c + a[i, k] * b[k, j]`` for ``k`` from 0 up, from ``c = 0``, each product and
+    each sum rounded to float32: what onnxruntime's matrix-vector kernel and numpy compute for a
+    small inner dimension, on every CPU (torch's own kernel fuses some terms on one CPU and not
+    on another)."""
+    left = a.unsqueeze(0) if a.dim() == 1 else a
+    right = b.unsqueeze(-1) if b.dim() == 1 else b
+    total = left[..., :, 0:1] * right[..., 0:1, :] + 0.0  # a zero product is +0, as from 0
+    for k in range(1, left.shape[-1]):
+        total = total + left[..., :, k : k + 1] * right[..., k : k + 1, :]
+    if a.dim() == 1:
+        total = total.squeeze(-2)
+    if b.dim() == 1:
+        total = total.squeeze(-1)
+    return total
 
 
 def fused_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
