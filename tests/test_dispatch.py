@@ -91,6 +91,33 @@ def _checkpointed() -> None:
     checkpoint(lambda xs: _scan(xs, hoist=False), xs, use_reentrant=False).sum().backward()
 
 
+def _kept_by_segments() -> None:
+    xs = _xs().requires_grad_()
+    _scan(xs, hoist=False, checkpoint=2).sum().backward()
+
+
+def _kept_without_autograd() -> None:
+    with torch.no_grad():
+        _scan(_xs().requires_grad_(), hoist=False, checkpoint=2)
+
+
+def _kept_compiled() -> None:
+    torch._dynamo.reset()
+    torch.compile(lambda xs: _scan(xs, checkpoint=2), backend="eager", fullgraph=True)(_xs())
+
+
+def _kept_vmapped() -> None:
+    torch.func.vmap(lambda xs: _scan(xs, hoist=False, checkpoint=2))(torch.randn(2, T, B, H))
+
+
+def _kept_exported() -> None:
+    class M(torch.nn.Module):
+        def forward(self, xs: torch.Tensor) -> torch.Tensor:
+            return _scan(xs, checkpoint=2)
+
+    torch.export.export(M(), (_xs(),))
+
+
 ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
     # context: (what runs, the strategies choose gives in order, what the hoister did last)
     "plain, first call": (_calls(1), ["hoisted"], "first call"),
@@ -107,6 +134,12 @@ ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
     "inference mode": (_inference, ["eager"], ""),
     # the forward, then its recomputation in backward
     "torch.utils.checkpoint": (_checkpointed, ["eager", "eager"], ""),
+    # three segments of two steps each, each a scan; again in backward, from the last
+    "checkpoint=2": (_kept_by_segments, ["checkpointed"] + ["eager"] * 6, ""),
+    "checkpoint=2, no_grad": (_kept_without_autograd, ["eager"], ""),
+    "checkpoint=2, torch.compile": (_kept_compiled, ["compiled"], ""),
+    "checkpoint=2, vmap": (_kept_vmapped, ["eager"], ""),
+    "checkpoint=2, torch.export": (_kept_exported, ["traced"], ""),
 }
 
 

@@ -5,6 +5,7 @@ from torchscan._autoloop import LoopReport as LoopReport
 from torchscan._autoloop import autoloop as autoloop
 from torchscan._autoloop import autoloop_report as autoloop_report
 from torchscan._autoloop import autoloop_source as autoloop_source
+from torchscan._checkpoint import Checkpoint as Checkpoint
 from torchscan._errors import ExportError as ExportError
 from torchscan._errors import HoistWarning as HoistWarning
 from torchscan._errors import TorchscanError as TorchscanError
@@ -18,6 +19,7 @@ from torchscan._steps import Until as Until
 from torchscan._steps import until as until
 
 __all__ = [
+    "Checkpoint",
     "ExportError",
     "HoistWarning",
     "LoopReport",

@@ -119,6 +119,13 @@ UNFOUND_USER_CODE_WARNING = (
 blame: what a step that reads tensor values says when it is called on fake tensors to learn its
 output shapes, which torchscan then learns another way."""
 
+CACHED_RESULT_CHANGED_ERROR = (
+    "Tensor cached during selective activation checkpoint has been mutated"
+)
+"""The error ``torch.utils.checkpoint`` raises where a result its selective checkpointing kept
+was changed in place after (checked by tests/test_compat.py): what a scan's ``checkpoint``
+with ``save=`` meets where the step changes a result it keeps."""
+
 VMAP_CONTROL_FLOW_ERROR = (
     "vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow"
 )
@@ -968,6 +975,13 @@ TEXT_DEPENDENCIES: tuple[TextDependency, ...] = (
         "the node's args[3] is the function the user called ('linalg.inv' or 'torch.linalg.inv')",
         "torchscan._traced._step_errors.refuse_side_effects",
         "name the linear-algebra function whose error check cannot be exported in a loop",
+    ),
+    TextDependency(
+        "cached-result-changed",
+        "torch.utils.checkpoint, selective checkpointing's cache (_CachedTorchDispatchMode)",
+        CACHED_RESULT_CHANGED_ERROR,
+        "torchscan._checkpointed",
+        "name the step and the line that changes a result checkpoint's save= keeps",
     ),
     TextDependency(
         "vmap-control-flow",

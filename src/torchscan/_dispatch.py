@@ -4,18 +4,21 @@
 frozen plan (:mod:`torchscan._plan`). :func:`run` chooses a strategy from the plan and the
 context of the call alone (:func:`choose`), and hands the plan to that strategy's runner:
 
-===============  ===============================================================================
-``"traced"``     torch.export traces the model (``torch.onnx.export`` does), or a step runs on
-                 fake tensors for its shapes: one traced operator, ``torchscan_scan`` or
-                 ``torchscan_loop`` (:mod:`torchscan._traced`)
-``"empty"``      no step runs: ``init``, and ``ys`` of length 0 with the shapes one call of the
-                 step gives them (:mod:`torchscan._eager`)
-``"compiled"``   TorchDynamo compiles the call: one loop operator in the compiled graph
-                 (:mod:`torchscan._compiled`)
-``"hoisted"``    the Python loop of the step's carry-dependent part, the rest computed once over
-                 the whole sequence (:mod:`torchscan._hoist`), where the step allows it
-``"eager"``      the Python loop, every step checked (:mod:`torchscan._eager`)
-===============  ===============================================================================
+==================  ============================================================================
+``"traced"``        torch.export traces the model (``torch.onnx.export`` does), or a step runs on
+                    fake tensors for its shapes: one traced operator, ``torchscan_scan`` or
+                    ``torchscan_loop`` (:mod:`torchscan._traced`)
+``"empty"``         no step runs: ``init``, and ``ys`` of length 0 with the shapes one call of the
+                    step gives them (:mod:`torchscan._eager`)
+``"compiled"``      TorchDynamo compiles the call: one loop operator in the compiled graph
+                    (:mod:`torchscan._compiled`)
+``"checkpointed"``  autograd records a scan with ``checkpoint``: segments of steps kept by
+                    their carries and run again in the backward pass, each a scan that runs as
+                    the strategies below choose (:mod:`torchscan._checkpointed`)
+``"hoisted"``       the Python loop of the step's carry-dependent part, the rest computed once over
+                    the whole sequence (:mod:`torchscan._hoist`), where the step allows it
+``"eager"``         the Python loop, every step checked (:mod:`torchscan._eager`)
+==================  ============================================================================
 """
 
 from __future__ import annotations
@@ -24,10 +27,20 @@ from typing import Any, Literal
 
 import torch
 
-from torchscan import _compiled, _context, _eager, _hoist, _outputs, _torch_onnx_hook, _traced
+from torchscan import (
+    _checkpointed,
+    _compat,
+    _compiled,
+    _context,
+    _eager,
+    _hoist,
+    _outputs,
+    _torch_onnx_hook,
+    _traced,
+)
 from torchscan._plan import LoopPlan, ScanPlan
 
-Strategy = Literal["traced", "empty", "compiled", "hoisted", "eager"]
+Strategy = Literal["traced", "empty", "compiled", "checkpointed", "hoisted", "eager"]
 """How a loop runs; :func:`choose` picks one for each call."""
 
 
@@ -48,6 +61,14 @@ def compiling() -> bool:
     return _context.compiling()
 
 
+def checkpointing() -> bool:
+    """Whether a scan with ``checkpoint`` runs checkpointed: where autograd records, eagerly
+    (``torch.utils.checkpoint`` keeps what it needs in saved-tensor hooks, which the transforms
+    of ``torch.func`` do not run: under them, and under ``torch.no_grad``, every step runs once,
+    as without ``checkpoint``)."""
+    return torch.is_grad_enabled() and not _compat.functorch_transforms_active()
+
+
 def choose(plan: ScanPlan | LoopPlan) -> Strategy:
     """How ``plan`` runs, from the context of the call: :func:`traced`, and whether TorchDynamo
     compiles it."""
@@ -59,6 +80,8 @@ def choose(plan: ScanPlan | LoopPlan) -> Strategy:
             return "empty"
         if compiling_now and plan.loop_operator:
             return "compiled"
+        if plan.checkpoint is not None and checkpointing():
+            return "checkpointed"
         if not compiling_now and _hoist.eligible(plan):
             return "hoisted"
         return "eager"
@@ -84,13 +107,23 @@ def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
         except _traced.DataDependentSlice as refusal:  # raised where the API is not known
             raise refusal.from_api(plan.protocol.api) from refusal.__cause__
     if isinstance(plan, ScanPlan):
-        result = _hoist.scan(plan) if strategy == "hoisted" else None
-        # not hoisted after all (the step does not allow it, or not yet): the Python loop
-        carry, ys = _SCAN_RUNNERS[strategy](plan) if result is None else result
+        if strategy == "checkpointed":
+            carry, ys = _checkpointed.scan(plan, _scan)
+        else:
+            carry, ys = _scan(plan, strategy)
         if plan.padded_length is not None:
             ys = _outputs.extend(ys, plan.out, plan.padded_length - plan.length)
         return carry, ys
     return _LOOP_RUNNERS[strategy](plan)
+
+
+def _scan(plan: ScanPlan, strategy: Strategy | None = None) -> tuple[Any, Any]:
+    """``(carry, ys)`` of ``plan`` run as ``strategy`` (by default, as :func:`choose` says), not
+    extended to a padded length."""
+    strategy = choose(plan) if strategy is None else strategy
+    result = _hoist.scan(plan) if strategy == "hoisted" else None
+    # not hoisted after all (the step does not allow it, or not yet): the Python loop
+    return _SCAN_RUNNERS[strategy](plan) if result is None else result
 
 
 _SCAN_RUNNERS = {

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from torchscan import _checks, _pytree, _steps
+from torchscan._checkpoint import Checkpoint
 from torchscan._layout import OutLayout
 
 
@@ -41,6 +42,8 @@ class ScanPlan:
       hoist: whether the work of the step that does not depend on the carry is done once
         (:mod:`torchscan._hoist`): ``None`` where the step allows it and it pays, ``True``
         wherever the step allows it, ``False`` never.
+      checkpoint: what the steps keep for the backward pass and what it runs again
+        (:class:`torchscan.Checkpoint`); ``None``: everything they save.
       memo: what is derived from the plan's metadata alone, kept for the next calls whose
         arguments have the same :func:`arguments_key` (their plans share it).
     """
@@ -58,6 +61,7 @@ class ScanPlan:
     padded_length: Any = None
     loop_operator: bool = True
     hoist: bool | None = None
+    checkpoint: Checkpoint | None = None
     memo: dict[str, Any] = dataclasses.field(
         default_factory=dict, init=False, compare=False, repr=False
     )

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, SupportsIndex, TypeVar, overload
+from typing import Any, Literal, SupportsIndex, TypeVar, overload
 
 import torch
 
-from torchscan import _checks, _context, _dispatch, _layout, _lengths, _outputs, _pytree, _steps
+from torchscan import (
+    _checkpoint,
+    _checks,
+    _context,
+    _dispatch,
+    _layout,
+    _lengths,
+    _outputs,
+    _pytree,
+    _steps,
+)
+from torchscan._checkpoint import Checkpoint
 from torchscan._errors import TorchscanTypeError
 from torchscan._plan import ScanPlan, arguments_key
 from torchscan._until import Until
@@ -37,6 +48,7 @@ def scan(
     lengths: torch.Tensor | None = None,
     batch_axis: SupportsIndex = 0,
     hoist: bool | None = None,
+    checkpoint: int | Literal["sqrt"] | Checkpoint | None = None,
 ) -> tuple[Carry, Y]: ...
 
 
@@ -56,6 +68,7 @@ def scan(
     lengths: torch.Tensor | None = None,
     batch_axis: SupportsIndex = 0,
     hoist: bool | None = None,
+    checkpoint: int | Literal["sqrt"] | Checkpoint | None = None,
 ) -> tuple[Carry, Y]: ...
 
 
@@ -74,6 +87,7 @@ def scan(
     lengths: torch.Tensor | None = None,
     batch_axis: SupportsIndex = 0,
     hoist: bool | None = None,
+    checkpoint: int | Literal["sqrt"] | Checkpoint | None = None,
 ) -> tuple[Carry, Y]:
     """Loop ``fn`` over an axis of ``xs`` while carrying state, stacking what each step returns.
 
@@ -175,6 +189,15 @@ def scan(
             first call, warning (``HoistWarning``) where ``fn`` does not allow it; ``False``
             never. A step that is not hoisted runs as the Python loop, every step as written.
             See the guide's "Speed: hoisting".
+        checkpoint: what the backward pass keeps of the steps, and what it runs again (see
+            :class:`torchscan.Checkpoint`): ``None`` (the default) keeps what every step saves
+            for it; an int ``k`` keeps the carry every ``k`` steps and runs each segment of
+            ``k`` steps again in the backward pass (``Checkpoint(every=k)``); ``"sqrt"`` takes
+            ``k`` about the square root of the number of steps; a ``torchscan.Checkpoint``
+            also gives the binomial schedule (``snapshots=``) and what a segment keeps
+            (``save=``). It changes no result, and applies where autograd records and neither
+            ``torch.compile`` nor a ``torch.func`` transform runs the scan; an export is the
+            same with and without it. See the guide's "Long sequences".
 
     Returns:
         ``(carry, ys)``: the carry after the last step, and every leaf of ``y`` stacked along
@@ -185,14 +208,16 @@ def scan(
         TypeError: ``fn`` is not callable or does not return a pair; a leaf of ``init``, ``xs``
             or ``y`` is not a tensor or ``None``; the carry or ``y`` changes structure, shape,
             dtype or device at any step; ``reverse`` is not a bool; ``lengths`` is not a tensor
-            of integers; ``xs`` is a ``PackedSequence``; ``hoist`` is not a bool or ``None``.
+            of integers; ``xs`` is a ``PackedSequence``; ``hoist`` is not a bool or ``None``;
+            ``checkpoint`` is not an int, ``"sqrt"``, a ``Checkpoint`` or ``None``.
         ValueError: ``axis`` is out of range for an ``xs`` or ``y`` leaf; the ``xs`` leaves have
             different lengths; ``length`` is missing, negative or disagrees with ``xs``; the
             tensors of ``init`` and ``xs`` are on different devices; ``fn`` changes its carry
             or ``x`` in place; ``in_axes``, ``out_axes``, ``in_reverse`` or ``out_reverse`` is
             not a prefix of its tree or does not fit a leaf; ``lengths`` is not 1-d, holds a
             length out of ``[0, n]``, is on another device, or a carry or ``y`` leaf has
-            another batch size along ``batch_axis``.
+            another batch size along ``batch_axis``; ``checkpoint`` is an int below 1, or
+            its binomial schedule would nest its segments too deep.
 
     Example:
         A cumulative sum that also returns the running total at each step:
@@ -218,6 +243,7 @@ def scan(
         lengths=lengths,
         batch_axis=batch_axis,
         hoist=hoist,
+        checkpoint=checkpoint,
     )
 
 
@@ -238,6 +264,7 @@ def scan_in_order(
     lengths: Any = None,
     batch_axis: Any = 0,
     hoist: bool | None = None,
+    checkpoint: Any = None,
 ) -> tuple[Any, Any]:
     """``scan``, with choices the public function does not offer: ``realign=False`` leaves
     ``ys`` in the order the steps ran when ``reverse`` (Theano's ``go_backwards``), where ``scan``
@@ -252,7 +279,7 @@ def scan_in_order(
         and out_reverse is None
         and lengths is None
     ):
-        options = (axis, reverse, length, realign, loop_operator, hoist, batch_axis)
+        options = (axis, reverse, length, realign, loop_operator, hoist, batch_axis, checkpoint)
         done = _run_checked(fn, init, xs, options)
         if done is not None:
             return done
@@ -264,6 +291,7 @@ def scan_in_order(
         raise TorchscanTypeError(
             f"{_API}: hoist must be True, False or None, but it is {_checks.describe(hoist)}."
         )
+    policy = _checkpoint.resolve(_API, checkpoint)
     _lengths.refuse_packed(_API, xs)
     xs_leaves, xs_spec = _pytree.tree_flatten(xs)
     read_backwards, stacked_backwards = _layout.directions(
@@ -293,6 +321,7 @@ def scan_in_order(
         length=n,
         loop_operator=loop_operator,
         hoist=hoist,
+        checkpoint=policy,
     )
     _checks.check_int(_API, "batch_axis", batch_axis)
     if lengths is not None:

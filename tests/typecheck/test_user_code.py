@@ -16,7 +16,7 @@ is an error too. pytest runs the same code, so that what is checked is what runs
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import pytest
@@ -50,6 +50,31 @@ def test_scan_with_until() -> None:
     assert_type(total, torch.Tensor)
     assert_type(running, torch.Tensor)
     assert running.tolist() == [0.0, 1.0, 3.0]
+
+
+def test_scan_with_checkpoint() -> None:
+    w = torch.randn(3, 3, requires_grad=True)
+
+    def step(h: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(x + h @ w)
+        return h, h
+
+    xs, h0 = torch.randn(12, 3), torch.zeros(3)
+    policies: list[int | Literal["sqrt"] | torchscan.Checkpoint] = [
+        4,
+        "sqrt",
+        torchscan.Checkpoint(every=3),
+        torchscan.Checkpoint(snapshots=2),
+        torchscan.Checkpoint(every="sqrt", save=[torch.ops.aten.addmm.default]),
+        torchscan.Checkpoint(every=2, save=lambda op: op == torch.ops.aten.tanh.default),
+    ]
+    for policy in policies:
+        h, ys = torchscan.scan(step, h0, xs, checkpoint=policy)
+        assert_type(h, torch.Tensor)
+        (h.sum() + ys.sum()).backward()
+    h, _ = torchscan.scan(step, h0, xs, checkpoint="sqrt")
+    h, _ = torchscan.scan(step, h0, xs, checkpoint=torchscan.Checkpoint(snapshots=1))
+    assert torchscan.Checkpoint(every="sqrt").segment(12) == 4
 
 
 def test_scan_with_lambdas() -> None:

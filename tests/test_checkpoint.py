@@ -1,0 +1,512 @@
+"""``scan(..., checkpoint=...)``: the same values and gradients as without it, for every schedule
+and every feature of ``scan``; the steps run again as often as the schedule says (revolve's
+optimum for the binomial one, from Griewank's closed form); what the forward pass keeps; the
+export unchanged; and every refusal's message."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torchscan
+from torchscan import Checkpoint
+
+T, B, H = 20, 3, 4
+
+POLICIES: dict[str, Any] = {
+    "every 1": 1,
+    "every 4": 4,
+    "every 7": 7,
+    "sqrt": "sqrt",
+    "one segment": T,
+    "longer than the scan": T + 5,
+    "binomial 1": Checkpoint(snapshots=1),
+    "binomial 2": Checkpoint(snapshots=2),
+    "binomial 5": Checkpoint(snapshots=5),
+    "save mm": Checkpoint(every=5, save=[torch.ops.aten.mm]),
+    "save by predicate": Checkpoint(every=3, save=lambda op: op == torch.ops.aten.tanh.default),
+}
+
+
+def _weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        name: (torch.randn(H, H, generator=g, dtype=torch.float64) / 2).requires_grad_()
+        for name in ("W", "U", "V")
+    }
+
+
+def _inputs(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    xs = torch.randn(T, B, H, generator=g, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(B, H, generator=g, dtype=torch.float64, requires_grad=True)
+    return xs, h0
+
+
+def _elman(w: dict[str, torch.Tensor]) -> Callable[..., Any]:
+    def step(h, x):
+        h = torch.tanh(x @ w["W"] + h @ w["U"])
+        return h, h @ w["V"]
+
+    return step
+
+
+def _case_elman(w, xs, h0, **kw):
+    return torchscan.scan(_elman(w), h0, xs, **kw)
+
+
+def _case_pytrees(w, xs, h0, **kw):
+    def step(carry, x):
+        a, _, b = x
+        h = torch.tanh(a @ w["W"] + carry["h"] @ w["U"])
+        c = carry["c"] * torch.sigmoid(b @ w["V"])
+        return {"h": h, "c": c, "none": None}, (h, None, {"c": c})
+
+    init = {"h": h0, "c": h0 * 2, "none": None}
+    return torchscan.scan(step, init, (xs, None, xs.flip(0)), **kw)
+
+
+def _case_reverse(w, xs, h0, **kw):
+    return torchscan.scan(_elman(w), h0, xs, reverse=True, **kw)
+
+
+def _case_bidirectional(w, xs, h0, **kw):
+    def step(carry, x):
+        forward, backward = carry
+        forward = torch.tanh(x[0] @ w["W"] + forward @ w["U"])
+        backward = torch.tanh(x[1] @ w["V"] + backward @ w["U"])
+        return (forward, backward), (forward, backward)
+
+    directions = {"in_reverse": (False, True), "out_reverse": (False, True)}
+    return torchscan.scan(step, (h0, -h0), (xs, xs), **directions, **kw)
+
+
+def _case_axes(w, xs, h0, **kw):
+    return torchscan.scan(_elman(w), h0, xs.transpose(0, 1).contiguous(), axis=1, **kw)
+
+
+def _case_lengths(w, xs, h0, **kw):
+    lengths = torch.tensor([T, 11, 3])
+    return torchscan.scan(_elman(w), h0, xs, lengths=lengths, **kw)
+
+
+def _case_no_xs(w, xs, h0, **kw):
+    def step(h, _):
+        return torch.tanh(h @ w["U"] + 0.5), h.sum(-1)
+
+    return torchscan.scan(step, h0, None, length=T, **kw)
+
+
+def _case_until(w, xs, h0, **kw):
+    def step(carry, x):
+        h, t = carry
+        h = torch.tanh(x @ w["W"] + h @ w["U"])
+        return (h, t + 1), h, torchscan.until(t >= 12)  # stops after the 13th step
+
+    return torchscan.scan(step, (h0, torch.tensor(0)), xs, **kw)
+
+
+def _case_dropout(w, xs, h0, **kw):
+    def step(h, x):
+        h = torch.tanh(torch.nn.functional.dropout(x @ w["W"], 0.3) + h @ w["U"])
+        return h, h
+
+    torch.manual_seed(123)
+    return torchscan.scan(step, h0, xs, **kw)
+
+
+CASES: dict[str, Callable[..., Any]] = {
+    "elman": _case_elman,
+    "pytrees": _case_pytrees,
+    "reverse": _case_reverse,
+    "bidirectional": _case_bidirectional,
+    "axes": _case_axes,
+    "lengths": _case_lengths,
+    "no xs": _case_no_xs,
+    "until": _case_until,
+    "dropout": _case_dropout,
+}
+
+
+def _values_and_gradients(case: Callable[..., Any], **kw: Any) -> list[torch.Tensor]:
+    w = _weights()
+    xs, h0 = _inputs()
+    out = case(w, xs, h0, **kw)
+    leaves = [leaf for leaf in torch.utils._pytree.tree_leaves(out) if leaf is not None]
+    floats = [leaf for leaf in leaves if leaf.is_floating_point()]
+    loss = sum(
+        (leaf * torch.linspace(0.5, 1.5, leaf.numel()).view_as(leaf)).sum() for leaf in floats
+    )
+    inputs = [xs, h0, *w.values()]
+    grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+    return [leaf.detach() for leaf in leaves] + [
+        torch.zeros_like(i) if g is None else g for i, g in zip(inputs, grads, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("hoist", [False, None], ids=["python loop", "hoisted"])
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_values_and_gradients_are_the_unchecked_scan_s(case: str, policy: str, hoist) -> None:
+    expected = _values_and_gradients(CASES[case], hoist=hoist)
+    for _ in range(3):  # hoisted from the third call of a signature, or from the first
+        got = _values_and_gradients(CASES[case], hoist=hoist, checkpoint=POLICIES[policy])
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected, strict=True):
+            assert g.shape == e.shape
+            torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+def test_the_gradients_are_the_python_loop_s() -> None:
+    """The oracle of the test above is itself the Python loop here, for every schedule."""
+    w = _weights()
+    xs, h0 = _inputs()
+    step = _elman(w)
+    h, ys = h0, []
+    for x in xs:
+        h, y = step(h, x)
+        ys.append(y)
+    loss = h.sum() + torch.stack(ys).pow(2).sum()
+    expected = torch.autograd.grad(loss, [xs, h0, *w.values()])
+    for policy in POLICIES.values():
+        h, ys = torchscan.scan(step, h0, xs, checkpoint=policy)
+        got = torch.autograd.grad(h.sum() + ys.pow(2).sum(), [xs, h0, *w.values()])
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+def _beta(s: int, r: int) -> int:
+    return math.comb(s + r, s)
+
+
+def _revolve_evaluations(n: int, snapshots: int) -> int:
+    """Griewank's optimum for reversing ``n`` steps with ``snapshots + 1`` carries (the first
+    included): ``r * n - beta(s + 1, r - 1)`` steps run again, ``r`` the least with
+    ``n <= beta(s, r)``, plus the ``n`` steps run once with autograd."""
+    if n == 1:
+        return 1
+    s, r = snapshots + 1, 0
+    while _beta(s, r) < n:
+        r += 1
+    return r * n - _beta(s + 1, r - 1) + n
+
+
+def _count_steps(n: int, policy: Any) -> tuple[int, int]:
+    """Steps run by the forward pass, and in all once the backward pass is done."""
+    calls = [0]
+    U = torch.randn(H, H, dtype=torch.float64, requires_grad=True)
+
+    def step(h, x):
+        calls[0] += 1
+        return torch.tanh(x + h @ U), h
+
+    xs = torch.randn(n, B, H, dtype=torch.float64)
+    h, ys = torchscan.scan(step, torch.zeros(B, H, dtype=torch.float64), xs, checkpoint=policy)
+    forward = calls[0]
+    (h.sum() + ys.sum()).backward()
+    return forward, calls[0]
+
+
+@pytest.mark.parametrize(
+    ("n", "snapshots"), [(1, 2), (2, 1), (7, 1), (10, 2), (35, 3), (50, 3), (64, 4), (200, 6)]
+)
+def test_the_binomial_schedule_runs_revolve_s_optimum_of_steps(n: int, snapshots: int) -> None:
+    forward, total = _count_steps(n, Checkpoint(snapshots=snapshots))
+    assert forward == n
+    assert total == _revolve_evaluations(n, snapshots)
+
+
+def test_revolve_s_closed_form_is_the_optimum_of_its_recurrence() -> None:
+    """The oracle above, against the recurrence it solves: a run of ``n`` steps keeps a carry
+    after ``m`` of them, reverses the rest with one carry fewer, then the first ``m`` again."""
+    best: dict[tuple[int, int], int] = {}
+    for c in range(4):
+        for n in range(1, 40):
+            if n == 1:
+                best[n, c] = 1
+                continue
+            best[n, c] = min(
+                m + best[n - m, c - 1 if n - m > 1 else 0] + best[m, c]
+                for m in range(1, n)
+                if c > 0 or n - m == 1
+            )
+            assert best[n, c] == _revolve_evaluations(n, c), (n, c)
+
+
+@pytest.mark.parametrize(("n", "every"), [(20, 1), (20, 6), (20, "sqrt"), (7, 20)])
+def test_segments_run_every_step_once_more(n: int, every: Any) -> None:
+    assert _count_steps(n, every) == (n, 2 * n)
+
+
+def test_without_autograd_every_step_runs_once() -> None:
+    calls = [0]
+
+    def step(h, x):
+        calls[0] += 1
+        return h + x, h
+
+    xs = torch.randn(10, 2, requires_grad=True)
+    with torch.no_grad():
+        torchscan.scan(step, torch.zeros(2), xs, checkpoint=3)
+    assert calls[0] == 10
+
+
+@pytest.mark.parametrize(
+    ("policy", "alive"),
+    # the binomial schedule runs its last step with autograd at once, as revolve does
+    [(None, T), (1, 0), (4, 0), ("sqrt", 0), (Checkpoint(snapshots=2), 1)],
+)
+def test_the_forward_pass_keeps_no_step_s_activations(policy: Any, alive: int) -> None:
+    """What a step saves for backward (``gate`` here, which the product saves) stays alive after
+    the forward pass only without checkpointing."""
+    w = _weights()
+    xs, h0 = _inputs()
+    gates: list[weakref.ref] = []
+
+    def step(h, x):
+        gate = torch.sigmoid(x @ w["W"])
+        gates.append(weakref.ref(gate))
+        return torch.tanh(gate * (h @ w["U"])), h
+
+    h, ys = torchscan.scan(step, h0, xs, checkpoint=policy, hoist=False)
+    assert sum(ref() is not None for ref in gates) == alive
+    (h.sum() + ys.sum()).backward()
+    assert xs.grad is not None
+
+
+class _Counting(TorchDispatchMode):
+    """Counts the operators that reach the kernels below it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[Any, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func] = self.counts.get(func, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("save", "recomputed"),
+    [
+        (None, T),
+        ([torch.ops.aten.sigmoid.default], 0),
+        ([torch.ops.aten.sigmoid], 0),
+        (lambda op: op.overloadpacket == torch.ops.aten.sigmoid, 0),
+        ([torch.ops.aten.tanh], T),
+    ],
+)
+def test_the_backward_pass_takes_what_save_names_from_the_forward_pass(
+    save: Any, recomputed: int
+) -> None:
+    w = _weights()
+    xs, h0 = _inputs()
+
+    def step(h, x):
+        gate = torch.sigmoid(x @ w["W"])
+        return torch.tanh(gate * (h @ w["U"])), h
+
+    policy = Checkpoint(every=5, save=save)
+    h, _ = torchscan.scan(step, h0, xs, checkpoint=policy, hoist=False)
+    with _Counting() as counting:
+        h.sum().backward()
+    assert counting.counts.get(torch.ops.aten.sigmoid.default, 0) == recomputed
+
+
+def test_the_user_s_tensors_are_not_changed() -> None:
+    w = _weights()
+    xs, h0 = _inputs()
+    before = (xs.detach().clone(), h0.detach().clone())
+    h, ys = torchscan.scan(_elman(w), h0, xs, checkpoint=Checkpoint(snapshots=2))
+    (h.sum() + ys.sum()).backward()
+    assert torch.equal(xs.detach(), before[0])
+    assert torch.equal(h0.detach(), before[1])
+    assert xs._version == 0
+    assert h0._version == 0
+
+
+def test_modules_parameters_get_their_gradients() -> None:
+    torch.manual_seed(0)
+    cell = torch.nn.GRUCell(H, H)
+    xs = torch.randn(T, B, H)
+
+    def step(h, x):
+        h = cell(x, h)
+        return h, h
+
+    def grads(**kw: Any) -> list[torch.Tensor]:
+        cell.zero_grad()
+        h, ys = torchscan.scan(step, torch.zeros(B, H), xs, **kw)
+        (h.sum() + ys.square().sum()).backward()
+        return [p.grad.clone() for p in cell.parameters()]
+
+    expected = grads()
+    for policy in POLICIES.values():
+        for g, e in zip(grads(checkpoint=policy), expected, strict=True):
+            torch.testing.assert_close(g, e)
+
+
+def test_under_torch_func_every_step_runs_once_with_the_same_gradients() -> None:
+    w = _weights()
+    xs, h0 = _inputs()
+
+    def loss(U: torch.Tensor, **kw: Any) -> torch.Tensor:
+        def step(h, x):
+            return torch.tanh(x @ w["W"] + h @ U), h
+
+        h, ys = torchscan.scan(step, h0.detach(), xs.detach(), **kw)
+        return h.sum() + ys.sum()
+
+    expected = torch.func.grad(loss)(w["U"].detach())
+    got = torch.func.grad(lambda U: loss(U, checkpoint=4))(w["U"].detach())
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_an_export_is_the_same_with_and_without_checkpoint(tmp_path) -> None:
+    pytest.importorskip("onnx")
+    import onnx
+
+    class Model(torch.nn.Module):
+        def __init__(self, checkpoint: Any) -> None:
+            super().__init__()
+            self.cell = torch.nn.RNNCell(H, H)
+            self.checkpoint = checkpoint
+
+        def forward(self, xs, h):
+            def step(h, x):
+                h = self.cell(x, h)
+                return h, h
+
+            return torchscan.scan(step, h, xs, checkpoint=self.checkpoint)
+
+    torch.manual_seed(0)
+    plain = Model(None)
+    kept = Model(Checkpoint(snapshots=2))
+    kept.load_state_dict(plain.state_dict())
+    plain.eval(), kept.eval()
+    args = (torch.randn(T, B, H), torch.zeros(B, H))
+    graphs = []
+    for name, model in (("plain", plain), ("kept", kept)):
+        path = tmp_path / f"{name}.onnx"
+        torch.onnx.export(model, args, path, dynamic_shapes=({0: torch.export.Dim("T")}, None))
+        graphs.append(onnx.load(path).graph)
+    assert [n.op_type for n in graphs[0].node] == [n.op_type for n in graphs[1].node]
+    assert "Scan" in [n.op_type for n in graphs[0].node]
+    assert graphs[0].SerializeToString() == graphs[1].SerializeToString()
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "error", "message"),
+    [
+        (0, ValueError, "torchscan.scan: checkpoint must be at least 1, but it is 0."),
+        (True, TypeError, "torchscan.scan: checkpoint must be None, an int (a carry kept"),
+        ("root", TypeError, "but it is a str."),
+        (2.5, TypeError, "torchscan.scan: checkpoint must be None, an int"),
+    ],
+)
+def test_a_wrong_checkpoint_is_refused(checkpoint: Any, error: type, message: str) -> None:
+    with pytest.raises(error) as info:
+        torchscan.scan(
+            lambda h, x: (h + x, h), torch.zeros(2), torch.ones(3, 2), checkpoint=checkpoint
+        )
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        (
+            {},
+            ValueError,
+            "torchscan.Checkpoint: give one of every= (a carry kept every k steps) "
+            "and snapshots= (the most carries kept, placed by the binomial schedule), but neither "
+            "is given.",
+        ),
+        ({"every": 2, "snapshots": 2}, ValueError, "but both are given."),
+        ({"every": 0}, ValueError, "torchscan.Checkpoint: every must be at least 1, but it is 0."),
+        (
+            {"every": "cbrt"},
+            TypeError,
+            'torchscan.Checkpoint: every must be an int or "sqrt", but it is a str.',
+        ),
+        (
+            {"snapshots": -1},
+            ValueError,
+            "torchscan.Checkpoint: snapshots must be at least 0, but it is -1.",
+        ),
+        (
+            {"snapshots": 2.0},
+            TypeError,
+            "torchscan.Checkpoint: snapshots must be an int, but it is a float.",
+        ),
+        (
+            {"snapshots": 2, "save": [torch.ops.aten.mm]},
+            ValueError,
+            "torchscan.Checkpoint: "
+            "save= applies to the segments of every=, but snapshots= is given: the binomial "
+            "schedule keeps carries alone.",
+        ),
+        (
+            {"every": 2, "save": "mm"},
+            TypeError,
+            "torchscan.Checkpoint: save must be None, a "
+            "collection of torch operators or a function of an operator, but it is a str.",
+        ),
+    ],
+)
+def test_a_wrong_checkpoint_policy_is_refused(arguments: dict, error: type, message: str) -> None:
+    with pytest.raises(error) as info:
+        Checkpoint(**arguments)
+    assert message in str(info.value)
+
+
+def test_a_binomial_schedule_nested_too_deep_is_refused() -> None:
+    with pytest.raises(ValueError, match="nested 59 deep") as info:
+        torchscan.scan(
+            lambda h, x: (h + x, h),
+            torch.zeros(2, requires_grad=True),
+            torch.ones(60, 2),
+            checkpoint=Checkpoint(snapshots=0),
+        )
+    assert str(info.value) == (
+        "torchscan.scan: checkpoint=Checkpoint(snapshots=0) over 60 steps would run every step "
+        "about 59 times, in segments nested 59 deep (at most 48); give it snapshots=1 or more, "
+        "or every= instead."
+    )
+
+
+def test_a_step_that_changes_a_result_save_keeps_is_refused_naming_its_line() -> None:
+    w = torch.randn(3, 3, requires_grad=True)
+
+    def squeezing(h, x):
+        h = torch.tanh(x + h @ w)  # <changes>
+        return h, h
+
+    policy = Checkpoint(every=2, save=[torch.ops.aten.mm.default])
+    h, _ = torchscan.scan(squeezing, torch.zeros(3), torch.randn(6, 3), checkpoint=policy)
+    with pytest.raises(torchscan.TorchscanValueError) as info:
+        h.sum().backward()
+    line = next(
+        i
+        for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+        if text.endswith("# <changes>")
+    )
+    assert str(info.value) == (
+        f"torchscan.scan: fn (test_a_step_that_changes_a_result_save_keeps_is_refused_naming_its_"
+        f"line.<locals>.squeezing), {__file__}:{line}: checkpoint keeps the result of an operator "
+        "that save= names, and the step changes that result in place after computing it, so "
+        "torch.utils.checkpoint cannot give it back as it was to the backward pass. Leave that "
+        "operator out of save=, or change a copy (torch.matmul of a 1-D tensor squeezes its "
+        "product in place: write (h.unsqueeze(0) @ w).squeeze(0))."
+    )
