@@ -5,6 +5,7 @@ export unchanged; and every refusal's message."""
 
 from __future__ import annotations
 
+import gc
 import math
 import weakref
 from collections.abc import Callable
@@ -281,6 +282,59 @@ def test_the_forward_pass_keeps_no_step_s_activations(policy: Any, alive: int) -
     assert xs.grad is not None
 
 
+def _kept_after_forward(n: int, policy: Any) -> int:
+    """The bytes of the storages that the forward pass of an LSTM-like step over ``n`` steps
+    leaves alive, besides its outputs."""
+    w = _weights()
+    xs = torch.randn(n, B, H, dtype=torch.float64)
+    h0 = torch.zeros(B, H, dtype=torch.float64, requires_grad=True)
+
+    def step(h, x):
+        gate = torch.sigmoid(x @ w["W"] + h @ w["U"])
+        return gate * torch.tanh(h @ w["V"]), h
+
+    for _ in range(3):  # the hoisting caches filled
+        h, ys = torchscan.scan(step, h0, xs, checkpoint=policy)
+        (h.sum() + ys.sum()).backward()
+    gc.collect()
+    before = {id(t) for t in gc.get_objects() if type(t) in _TENSORS}
+    h, ys = torchscan.scan(step, h0, xs, checkpoint=policy)
+    gc.collect()
+    outputs = {h.untyped_storage().data_ptr(), ys.untyped_storage().data_ptr()}
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in gc.get_objects()
+        if type(t) in _TENSORS and id(t) not in before
+    }
+    return sum(size for address, size in storages.items() if address not in outputs)
+
+
+CARRY = B * H * 8  # float64
+_TENSORS = (torch.Tensor, torch.nn.Parameter)  # (isinstance would ask deprecated objects)
+
+
+@pytest.mark.parametrize("snapshots", [1, 3, 6])
+def test_the_binomial_schedule_keeps_c_carries_and_one_step_whatever_the_length(
+    snapshots: int,
+) -> None:
+    one_step = _kept_after_forward(1, None)  # (its input, the caller's, not counted)
+    assert one_step > 2 * CARRY  # what a step saves: its gate, its products' operands...
+    for n in (40, 160):
+        kept = _kept_after_forward(n, Checkpoint(snapshots=snapshots))
+        # c carries besides init, and the last step, which runs with autograd at once, with its
+        # input carry
+        assert kept <= snapshots * CARRY + CARRY + one_step, (n, kept)
+
+
+@pytest.mark.parametrize("n", [40, 160])
+def test_segments_keep_a_carry_each(n: int) -> None:
+    k = math.isqrt(n - 1) + 1
+    segments = -(-n // k)
+    # the first segment starts from init, which the caller holds
+    assert _kept_after_forward(n, "sqrt") == (segments - 1) * CARRY
+    assert _kept_after_forward(n, None) > n * 2 * CARRY
+
+
 class _Counting(TorchDispatchMode):
     """Counts the operators that reach the kernels below it."""
 
@@ -486,27 +540,178 @@ def test_a_binomial_schedule_nested_too_deep_is_refused() -> None:
     )
 
 
+def _line(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.endswith(marker))
+
+
 def test_a_step_that_changes_a_result_save_keeps_is_refused_naming_its_line() -> None:
+    """torch.matmul of a 1-D tensor squeezes the product it takes in place."""
     w = torch.randn(3, 3, requires_grad=True)
 
     def squeezing(h, x):
-        h = torch.tanh(x + h @ w)  # <changes>
+        h = torch.tanh(x + h @ w)  # <squeezes>
         return h, h
 
     policy = Checkpoint(every=2, save=[torch.ops.aten.mm.default])
-    h, _ = torchscan.scan(squeezing, torch.zeros(3), torch.randn(6, 3), checkpoint=policy)
     with pytest.raises(torchscan.TorchscanValueError) as info:
-        h.sum().backward()
-    line = next(
-        i
-        for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
-        if text.endswith("# <changes>")
-    )
+        torchscan.scan(squeezing, torch.zeros(3), torch.randn(6, 3), checkpoint=policy)
     assert str(info.value) == (
-        f"torchscan.scan: fn (test_a_step_that_changes_a_result_save_keeps_is_refused_naming_its_"
-        f"line.<locals>.squeezing), {__file__}:{line}: checkpoint keeps the result of an operator "
-        "that save= names, and the step changes that result in place after computing it, so "
-        "torch.utils.checkpoint cannot give it back as it was to the backward pass. Leave that "
-        "operator out of save=, or change a copy (torch.matmul of a 1-D tensor squeezes its "
-        "product in place: write (h.unsqueeze(0) @ w).squeeze(0))."
+        "torchscan.scan: fn (test_a_step_that_changes_a_result_save_keeps_is_refused_naming_its_"
+        f"line.<locals>.squeezing), {__file__}:{_line('# <squeezes>')}: checkpoint keeps the "
+        "result of aten.mm.default (save= names it), and aten.squeeze_.dim then changes that "
+        "result in place, so the backward pass would read the changed values. Leave "
+        "aten.mm.default out of save= (torch.nn.GRUCell and LSTMCell change the products they "
+        "take in place)."
     )
+
+
+@pytest.mark.parametrize("cell", [torch.nn.GRUCell(H, H), torch.nn.LSTMCell(H, H)])
+def test_a_write_that_selective_checkpointing_misses_is_refused(cell: torch.nn.Module) -> None:
+    """The cells add into chunks of their products (unsafe_chunk), which leaves the version
+    counter that torch.utils.checkpoint checks as it was: its gradients would be wrong."""
+
+    def step(carry, x):
+        out = cell(x, carry)  # <cell>
+        return out, out[0] if isinstance(out, tuple) else out
+
+    init = torch.zeros(B, H) if isinstance(cell, torch.nn.GRUCell) else (torch.zeros(B, H),) * 2
+    policy = Checkpoint(every=4, save=[torch.ops.aten.addmm])
+    with pytest.raises(torchscan.TorchscanValueError) as info:
+        torchscan.scan(step, init, torch.randn(T, B, H), checkpoint=policy)
+    assert f"test_checkpoint.py:{_line('# <cell>')}: checkpoint keeps the result of " in str(
+        info.value
+    )
+    assert "aten.addmm.default (save= names it), and aten.add_.Tensor then" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# loop
+
+
+def _loop_case(kind: str, **kw: Any) -> list[torch.Tensor]:
+    w = _weights()
+    xs, h0 = _inputs()
+    calls = [0]
+
+    def body(i, carry):
+        calls[0] += 1
+        h, total = carry
+        h = torch.tanh(xs[i] @ w["W"] + h @ w["U"])
+        total = total + h.sum() * (i + 1)
+        if kind == "until":
+            return (h, total), h @ w["V"], torchscan.until(total > 40.0)
+        return (h, total), h @ w["V"]
+
+    trip_count = {"int": T, "tensor": torch.tensor(T), "until": T, "until only": None}[kind]
+    if kind == "until only":
+
+        def stopping(i, carry):
+            out = body(i, carry)
+            return out[0], out[1], torchscan.until(i >= 13)
+
+        loop_body = stopping
+    else:
+        loop_body = body
+    (h, total), ys = torchscan.loop(
+        loop_body, (h0, torch.zeros((), dtype=torch.float64)), trip_count=trip_count, **kw
+    )
+    loss = h.sum() + total + (ys * torch.linspace(0.5, 1.5, ys.numel()).view_as(ys)).sum()
+    inputs = [xs, h0, *w.values()]
+    grads = torch.autograd.grad(loss, inputs)
+    return [h.detach(), total.detach(), ys.detach(), *grads]
+
+
+LOOP_POLICIES = {
+    name: POLICIES[name]
+    for name in ("every 1", "every 4", "sqrt", "longer than the scan", "binomial 2", "save mm")
+}
+
+
+def _needs_trip_count(policy: Any) -> bool:
+    return policy == "sqrt" or (
+        isinstance(policy, Checkpoint) and (policy.snapshots is not None or policy.every == "sqrt")
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy"),
+    [
+        (kind, policy)
+        for kind in ("int", "tensor", "until", "until only")
+        for policy in LOOP_POLICIES
+        # without trip_count, these are refused (the test below)
+        if not (kind == "until only" and _needs_trip_count(LOOP_POLICIES[policy]))
+    ],
+)
+def test_a_loop_s_values_and_gradients_are_the_unchecked_loop_s(kind: str, policy: str) -> None:
+    checkpoint = LOOP_POLICIES[policy]
+    expected = _loop_case(kind)
+    got = _loop_case(kind, checkpoint=checkpoint)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+def test_a_loop_s_gradients_are_the_python_loop_s() -> None:
+    w = _weights()
+    xs, h0 = _inputs()
+    h = h0
+    for i in range(T):
+        h = torch.tanh(xs[i] @ w["W"] + h @ w["U"])
+    inputs = [xs, h0, w["W"], w["U"]]
+    expected = torch.autograd.grad(h.sum(), inputs)
+    for policy in LOOP_POLICIES.values():
+        (h, _), _ = torchscan.loop(
+            lambda i, c: ((torch.tanh(xs[i] @ w["W"] + c[0] @ w["U"]), c[1]), None),
+            (h0, torch.zeros(())),
+            trip_count=T,
+            checkpoint=policy,
+        )
+        got = torch.autograd.grad(h.sum(), inputs)
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+def test_a_loop_runs_revolve_s_optimum_of_iterations() -> None:
+    calls = [0]
+    U = torch.randn(H, H, dtype=torch.float64, requires_grad=True)
+
+    def body(i, h):
+        calls[0] += 1
+        return torch.tanh(h @ U + i), None
+
+    h, _ = torchscan.loop(
+        body,
+        torch.ones(B, H, dtype=torch.float64),
+        trip_count=50,
+        checkpoint=Checkpoint(snapshots=3),
+    )
+    h.sum().backward()
+    assert calls[0] == _revolve_evaluations(50, 3)
+
+
+@pytest.mark.parametrize("checkpoint", ["sqrt", Checkpoint(snapshots=2)])
+def test_a_loop_without_trip_count_refuses_a_schedule_that_needs_it(checkpoint: Any) -> None:
+    with pytest.raises(torchscan.TorchscanValueError) as info:
+        torchscan.loop(
+            lambda i, h: (h + 1, h, torchscan.until(i >= 3)),
+            torch.zeros(2, requires_grad=True),
+            checkpoint=checkpoint,
+        )
+    shown = '"sqrt"' if checkpoint == "sqrt" else repr(checkpoint)
+    assert str(info.value) == (
+        f"torchscan.loop: checkpoint={shown} needs the number of iterations, but trip_count is "
+        "None (the loop ends at until). Give trip_count= (the most iterations), or "
+        "checkpoint=k, which keeps a carry every k iterations however many run."
+    )
+
+
+def test_a_loop_that_could_never_end_is_refused_as_without_checkpoint() -> None:
+    def run(**kw: Any) -> str:
+        with pytest.raises(torchscan.TorchscanValueError) as info:
+            torchscan.loop(lambda i, h: (h + 1, h), torch.zeros(2, requires_grad=True), **kw)
+        return str(info.value)
+
+    assert run(checkpoint=3) == run()

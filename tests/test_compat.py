@@ -5,7 +5,6 @@ private modules. A torch release that changes one of them fails here, by name.""
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import inspect
 import traceback
@@ -117,23 +116,6 @@ def _vmap_control_flow() -> None:
     assert str(info.value).startswith(_compat.VMAP_CONTROL_FLOW_ERROR)
 
 
-def _cached_result_changed() -> None:
-    """torchscan tells a result kept by selective checkpointing and changed in place after by
-    this message (torch.matmul of a 1-D tensor squeezes the product it keeps in place)."""
-    from torch.utils import checkpoint
-
-    w = torch.randn(3, 3, requires_grad=True)
-    context = functools.partial(
-        checkpoint.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default]
-    )
-    out = checkpoint.checkpoint(
-        lambda h: torch.tanh(h @ w), torch.ones(3), use_reentrant=False, context_fn=context
-    )
-    with pytest.raises(RuntimeError) as info:
-        out.sum().backward()
-    assert str(info.value) == _compat.CACHED_RESULT_CHANGED_ERROR
-
-
 def test_the_distribution_check_operator_is_torchs() -> None:
     # the name torch's operator has in the nodes of an exported program
     assert str(torch.ops.aten._is_all_true.default) == _compat.DISTRIBUTION_CHECK_OPERATOR
@@ -231,7 +213,6 @@ TEXT_PROBES = {
     "uncaptured-hop-name": _uncaptured_hop_name,
     "linalg-check-api": _linalg_check_api,
     "vmap-control-flow": _vmap_control_flow,
-    "cached-result-changed": _cached_result_changed,
     "onnx-converter-assertion": _onnx_converter_assertion,
     "onnx-signature-warning": _in_source,
     "unfound-user-code-warning": _in_source,

@@ -118,6 +118,17 @@ def _kept_exported() -> None:
     torch.export.export(M(), (_xs(),))
 
 
+def _kept_loop() -> None:
+    xs = _xs().requires_grad_()
+    h, _ = torchscan.loop(
+        lambda i, h: (torch.tanh(xs[i] @ W + h), None),
+        torch.zeros(B, H),
+        trip_count=T,
+        checkpoint=4,
+    )
+    h.sum().backward()
+
+
 ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
     # context: (what runs, the strategies choose gives in order, what the hoister did last)
     "plain, first call": (_calls(1), ["hoisted"], "first call"),
@@ -140,6 +151,8 @@ ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
     "checkpoint=2, torch.compile": (_kept_compiled, ["compiled"], ""),
     "checkpoint=2, vmap": (_kept_vmapped, ["eager"], ""),
     "checkpoint=2, torch.export": (_kept_exported, ["traced"], ""),
+    # two segments of loops (4 and 2 iterations), then again in backward
+    "loop, checkpoint=4": (_kept_loop, ["checkpointed"] + ["eager"] * 4, ""),
 }
 
 

@@ -43,11 +43,12 @@ class Checkpoint:
     segment's activations, for one more forward pass; ``every="sqrt"`` takes ``k`` about
     ``sqrt(n)``, which keeps both terms near ``sqrt(n)``.
 
-    ``Checkpoint(snapshots=c)`` keeps at most ``c`` carries besides ``init`` at any time, placed
-    by Griewank's binomial schedule (``revolve``), which runs the fewest steps again that ``c``
-    carries allow: about ``r * n`` step evaluations where ``n`` is about ``c**r / r!``. It is the
-    schedule for a tight memory budget: with ``c = 10``, 16,000 steps cost under 7 evaluations
-    each.
+    ``Checkpoint(snapshots=c)`` keeps at most ``c`` carries besides ``init`` at any time, and the
+    last step (its input and what it saves, which the backward pass needs first), placed by
+    Griewank's binomial schedule (``revolve``): the fewest steps run again that ``c`` carries
+    allow, about ``r`` evaluations of each step where ``n`` is about ``c**r / r!`` (``r`` the
+    least with ``n <= comb(c + 1 + r, r)``). It is the schedule for a tight memory budget: with
+    ``c = 10``, 16,000 steps cost under 7 evaluations each.
 
     As in the Python version, the steps run again draw the random numbers they drew the first
     time, and the gradients are those of the scan without checkpointing (the same operations on

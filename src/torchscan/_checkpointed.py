@@ -9,6 +9,7 @@ does."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -20,10 +21,10 @@ import torch
 
 from torchscan import _checkpoint, _compat, _pytree, _source
 from torchscan._errors import TorchscanValueError
-from torchscan._plan import ScanPlan
+from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._until import Until
 
-Runner = Callable[[ScanPlan], tuple[Any, Any]]
+Runner = Callable[[Any], tuple[Any, Any]]
 
 MOST_NESTED = 48
 """The most segments the binomial schedule nests in one another (its repetition number): each
@@ -33,22 +34,55 @@ level is a few frames of Python, in the forward pass and again where the backwar
 def scan(plan: ScanPlan, run: Runner) -> tuple[Any, Any]:
     """``(carry, ys)`` of ``plan`` with its ``checkpoint``; ``run`` runs a segment's plan (one
     without ``checkpoint``)."""
+    segments = _Segments(plan, run)
+    carry, pieces = _schedule(segments, plan.length)
+    return carry, segments.join(pieces)
+
+
+def loop(plan: LoopPlan, run: Runner) -> tuple[Any, Any]:
+    """``(carry, ys)`` of the loop ``plan`` with its ``checkpoint``: its iterations in segments,
+    each a loop of its own with the iteration numbers of its place; ``run`` runs a segment's
+    plan."""
+    total = None if plan.trip_count is None else max(int(plan.trip_count), 0)
     policy = plan.checkpoint
     assert policy is not None
-    segments = _Segments(plan, run)
-    n = plan.length
-    if policy.snapshots is None:
-        k = policy.segment(n)
-        carry, pieces = plan.carry.init, []
-        for start in range(0, n, k):
-            if segments.stopped_before(start):
-                break
-            carry, ys = segments.kept(segments.run, carry, start, min(start + k, n))
-            pieces.append(ys)
-    else:
-        _refuse_deep(plan, policy.snapshots)
-        carry, pieces = _binomial(segments, plan.carry.init, 0, n, policy.snapshots)
+    if total is None and (policy.snapshots is not None or policy.every == "sqrt"):
+        raise TorchscanValueError(
+            f"{plan.protocol.api}: checkpoint={_shown(plan.checkpoint)} needs the number of "
+            "iterations, but trip_count is None (the loop ends at until). Give trip_count= "
+            "(the most iterations), or checkpoint=k, which keeps a carry every k iterations "
+            "however many run."
+        )
+    segments = _LoopSegments(plan, run)
+    carry, pieces = _schedule(segments, total)
     return carry, segments.join(pieces)
+
+
+def _shown(policy: Any) -> str:
+    return '"sqrt"' if policy.every == "sqrt" and policy.save is None else repr(policy)
+
+
+def _schedule(segments: _Segments, total: int | None) -> tuple[Any, list[Any]]:
+    """The carry after the steps, and the pieces of ``ys`` in the order the steps ran, with the
+    plan's ``checkpoint``: segments of ``every`` steps, or the binomial schedule (``total`` steps;
+    ``None``: until a step stops the loop)."""
+    plan = segments.plan
+    policy = plan.checkpoint
+    assert policy is not None
+    if policy.snapshots is not None:
+        assert total is not None
+        _refuse_deep(plan, total, policy.snapshots)
+        return _binomial(segments, plan.carry.init, 0, total, policy.snapshots)
+    k = policy.segment(total) if total is not None else policy.every
+    assert isinstance(k, int)
+    carry, pieces = plan.carry.init, []
+    for start in itertools.count(0, k) if total is None else range(0, total, k):
+        if segments.stopped_before(start):
+            break
+        stop = start + k if total is None else min(start + k, total)
+        carry, ys = segments.kept(segments.run, carry, start, stop)
+        pieces.append(ys)
+    return carry, pieces
 
 
 def _binomial(
@@ -73,17 +107,17 @@ def _binomial(
     return carry, pieces
 
 
-def _refuse_deep(plan: ScanPlan, snapshots: int) -> None:
-    nested = _checkpoint.repetitions(plan.length, snapshots)
+def _refuse_deep(plan: ScanPlan | LoopPlan, length: int, snapshots: int) -> None:
+    nested = _checkpoint.repetitions(length, snapshots)
     if nested > MOST_NESTED:
         least = next(
             c
-            for c in range(snapshots + 1, plan.length)
-            if _checkpoint.repetitions(plan.length, c) <= MOST_NESTED
+            for c in range(snapshots + 1, length)
+            if _checkpoint.repetitions(length, c) <= MOST_NESTED
         )
         raise TorchscanValueError(
             f"{plan.protocol.api}: checkpoint=Checkpoint(snapshots={snapshots}) over "
-            f"{plan.length} steps would run every step about {nested} times, in segments nested "
+            f"{length} steps would run every step about {nested} times, in segments nested "
             f"{nested} deep (at most {MOST_NESTED}); give it snapshots={least} or more, or "
             "every= instead."
         )
@@ -94,7 +128,7 @@ class _Segments:
     """Runs of steps ``start`` to ``stop`` (in the order the steps run) of ``plan``, each as a
     scan of its own, and the pieces of ``ys`` they give put together."""
 
-    plan: ScanPlan
+    plan: Any  # ScanPlan; LoopPlan for _LoopSegments
     runner: Runner
     stop: int | None = None
     """The step that returned ``until`` with a true stop, if one did: no step runs after it (in
@@ -111,18 +145,34 @@ class _Segments:
                 policies = checkpoint.CheckpointPolicy
                 return policies.MUST_SAVE if policy.keeps(op) else policies.PREFER_RECOMPUTE
 
-            self.context_fn = functools.partial(
-                checkpoint.create_selective_checkpoint_contexts, keep
-            )
+            def contexts() -> tuple[Any, Any]:
+                forward, again = checkpoint.create_selective_checkpoint_contexts(keep)
+                stack = contextlib.ExitStack()
+                stack.enter_context(forward)  # below: what it keeps passes the guard first
+                stack.enter_context(_KeptUnchanged(self))
+                return stack, again
+
+            self.context_fn = contexts
 
     def kept(self, run: Callable[..., Any], carry: Any, *args: Any, **kwargs: Any) -> Any:
-        """``run(carry, ...)``, whose backward pass runs it again from ``carry``."""
+        """``run(carry, ...)``, whose backward pass runs it again from ``carry``, with the random
+        numbers it drew (:class:`_Again`)."""
         from torch.utils import checkpoint
 
-        options: dict[str, Any] = {"use_reentrant": False}
+        options: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": False}
         if self.context_fn is not None:
             options["context_fn"] = self.context_fn
-        return checkpoint.checkpoint(run, carry, *args, **kwargs, **options)
+        again = _Again(run, self.devices)
+        return checkpoint.checkpoint(again, carry, *args, **kwargs, **options)
+
+    @functools.cached_property
+    def devices(self) -> list[int]:
+        """The CUDA devices of the carry and the sequences, whose random generators a segment
+        may draw from (as ``torch.utils.checkpoint`` takes them)."""
+        tensors = [*self.plan.carry.leaves, *getattr(self.plan, "xs_leaves", ())]
+        return sorted(
+            {t.device.index or 0 for t in tensors if t is not None and t.device.type == "cuda"}
+        )
 
     def stopped_before(self, step: int) -> bool:
         """Whether a step before ``step`` stopped the scan."""
@@ -157,12 +207,7 @@ class _Segments:
 
         @functools.wraps(fn)
         def step(carry: Any, x: Any) -> Any:
-            try:
-                out, t = fn(carry, x), next(steps)
-            except RuntimeError as error:
-                if str(error) != _compat.CACHED_RESULT_CHANGED_ERROR:
-                    raise
-                raise self._changed_after_kept(error) from error
+            out, t = fn(carry, x), next(steps)
             if isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], Until):
                 stop = out[2].stop
                 if isinstance(stop, torch.Tensor) and stop.numel() == 1 and bool(stop):
@@ -171,12 +216,21 @@ class _Segments:
 
         return step
 
-    def _changed_after_kept(self, error: RuntimeError) -> TorchscanValueError:
-        """The refusal of a step that changes in place a result that ``save=`` keeps, naming the
-        line of the step where torch found it (at the step's run in the backward pass)."""
+    def _written_after_kept(self, op: Any, kept: Any) -> TorchscanValueError:
+        """The refusal of a step that writes (``op``) into a result that ``save=`` keeps
+        (``kept``'s), naming the line of the step that does it."""
+        frames = traceback.extract_stack()
+        return self._refusal(
+            frames,
+            f"checkpoint keeps the result of {kept} (save= names it), and {op} then changes that "
+            "result in place, so the backward pass would read the changed values. Leave "
+            f"{kept} out of save= (torch.nn.GRUCell and LSTMCell change the products they take "
+            "in place).",
+        )
+
+    def _refusal(self, frames: Any, what: str) -> TorchscanValueError:
         plan = self.plan
         source = _source.StepSource.of(plan.user, plan.protocol.api, plan.protocol.fn_name)
-        frames = traceback.extract_tb(error.__traceback__)
         where = next(
             (
                 f"{frame.filename}:{frame.lineno}"
@@ -186,14 +240,7 @@ class _Segments:
             ),
             source.defined,
         )
-        return TorchscanValueError(
-            f"{source.who}{', ' + where if where else ''}: checkpoint keeps the result of an "
-            "operator that save= names, and the step changes that result in place after "
-            "computing it, so torch.utils.checkpoint cannot give it back as it was to the "
-            "backward pass. Leave that operator out of save=, or change a copy (torch.matmul "
-            "of a 1-D tensor squeezes its product in place: write "
-            "(h.unsqueeze(0) @ w).squeeze(0))."
-        )
+        return TorchscanValueError(f"{source.who}{', ' + where if where else ''}: {what}")
 
     def join(self, pieces: list[Any]) -> Any:
         """The ``ys`` of the pieces (in the order their steps ran), each leaf concatenated along
@@ -210,3 +257,125 @@ class _Segments:
                 continue
             leaves.append(torch.cat(parts[::-1] if reverse else parts, dim=axis))
         return _pytree.tree_unflatten(leaves, _pytree.tree_flatten(pieces[0])[1])
+
+
+class _LoopSegments(_Segments):
+    """Runs of iterations ``start`` to ``stop`` of a loop, each a loop of its own whose body sees
+    the iteration numbers of its place."""
+
+    def run(self, carry: Any, start: int, stop: int) -> tuple[Any, Any]:
+        plan = self.plan
+        body = self._watching(plan.body, start)
+        segment = dataclasses.replace(
+            plan,
+            body=body if start == 0 else lambda i, carry: body(i + start, carry),
+            carry=plan.carry.of(carry, _pytree.tree_flatten(carry)[0]),
+            trip_count=stop - start,
+            cond=None,
+            never_ends="",
+            checkpoint=None,
+        )
+        return self.runner(segment)
+
+    def _watching(self, fn: Callable[[Any, Any], Any], start: int) -> Callable[[Any, Any], Any]:
+        """The body, noting a true stop in :attr:`stop`; refusing, as the loop without
+        ``checkpoint`` does, a first iteration that returns no ``until`` where nothing else
+        would end the loop."""
+        watched = super()._watching(lambda i, carry: fn(i, carry), start)
+        never_ends = self.plan.never_ends
+
+        @functools.wraps(fn)
+        def body(i: Any, carry: Any) -> Any:
+            out = watched(i, carry)
+            if (
+                never_ends
+                and start == 0
+                and not (isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], Until))
+            ):
+                raise TorchscanValueError(never_ends)
+            return out
+
+        return body
+
+
+class _Again:
+    """A segment's run: the first call runs it, noting the random generators' states where it
+    draws from them; a later one (the backward pass's) runs it again from those states. A segment
+    that draws no random number keeps no state: ``torch.utils.checkpoint`` would keep one for
+    every segment (5 KiB for the CPU's generator), more than a carry where segments nest, as the
+    binomial schedule's do."""
+
+    def __init__(self, run: Callable[..., Any], devices: list[int]) -> None:
+        self.run, self.devices = run, devices
+        self.states: tuple[torch.Tensor, list[torch.Tensor]] | None = None
+        self.ran = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.ran:
+            self.ran = True
+            before = _states(self.devices)
+            out = self.run(*args, **kwargs)
+            if not _same_states(before, _states(self.devices)):
+                self.states = before
+            return out
+        if self.states is None:
+            return self.run(*args, **kwargs)
+        with torch.random.fork_rng(devices=self.devices):
+            cpu, cuda = self.states
+            torch.set_rng_state(cpu)
+            for device, state in zip(self.devices, cuda, strict=True):
+                torch.cuda.set_rng_state(state, device)
+            return self.run(*args, **kwargs)
+
+
+def _states(devices: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    return torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
+
+
+def _same_states(
+    a: tuple[torch.Tensor, list[torch.Tensor]], b: tuple[torch.Tensor, list[torch.Tensor]]
+) -> bool:
+    return torch.equal(a[0], b[0]) and all(map(torch.equal, a[1], b[1]))
+
+
+class _KeptUnchanged(_compat.TorchDispatchMode):
+    """Within the first run of a segment whose ``save=`` keeps results: refuses an operator that
+    writes into the storage of a kept result. Selective checkpointing tells such a write by the
+    result's version counter, which a write through ``unsafe_chunk`` (``torch.nn.GRUCell``'s)
+    leaves as it was: the backward pass would then read the changed values."""
+
+    def __init__(self, segments: _Segments) -> None:
+        super().__init__()
+        self.segments = segments
+        self.kept: dict[int, Any] = {}  # storage address -> the operator whose result it holds
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        for value in _written(func, args, kwargs):
+            if isinstance(value, torch.Tensor) and _address(value) in self.kept:
+                raise self.segments._written_after_kept(func, self.kept[_address(value)])
+        out = func(*args, **kwargs)
+        policy = self.segments.plan.checkpoint
+        if policy is not None and policy.keeps(func):
+            for leaf in _pytree.tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self.kept[_address(leaf)] = func
+        return out
+
+
+def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
+    """The values of the arguments that ``func`` writes into (``Tensor(a!)`` in its schema)."""
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        alias = argument.alias_info
+        if alias is None or not alias.is_write:
+            continue
+        if argument.name in kwargs:
+            written.append(kwargs[argument.name])
+        elif position < len(args) and not argument.kwarg_only:
+            written.append(args[position])
+    return written
+
+
+def _address(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()

@@ -45,7 +45,7 @@ from torch.fx.experimental.proxy_tensor import (
     track_tensor_tree,
 )
 from torch.fx.proxy import _register_stack_trace_anchor
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from torchscan import _context
 
@@ -71,6 +71,7 @@ __all__ = [
     "OpOverload",
     "PrivateSymbol",
     "ProxyTorchDispatchMode",
+    "TorchDispatchMode",
     "autograd_not_implemented",
     "cxx_pytree",
     "detect_fake_mode",
@@ -118,13 +119,6 @@ UNFOUND_USER_CODE_WARNING = (
 """The logger and the start of torch's warning that a size read from data has no user code to
 blame: what a step that reads tensor values says when it is called on fake tensors to learn its
 output shapes, which torchscan then learns another way."""
-
-CACHED_RESULT_CHANGED_ERROR = (
-    "Tensor cached during selective activation checkpoint has been mutated"
-)
-"""The error ``torch.utils.checkpoint`` raises where a result its selective checkpointing kept
-was changed in place after (checked by tests/test_compat.py): what a scan's ``checkpoint``
-with ``save=`` meets where the step changes a result it keeps."""
 
 VMAP_CONTROL_FLOW_ERROR = (
     "vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow"
@@ -828,6 +822,12 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     PrivateSymbol("torch._guards", "detect_fake_mode", "the fake mode of a trace", ("inputs",)),
     PrivateSymbol(
         "torch.utils._python_dispatch",
+        "TorchDispatchMode",
+        "watch, in the first run of a checkpointed segment, for a write into a result that "
+        "checkpoint's save= keeps (selective checkpointing misses writes through unsafe_chunk)",
+    ),
+    PrivateSymbol(
+        "torch.utils._python_dispatch",
         "_get_current_dispatch_mode",
         "train an exported program's loops eagerly, never while they are traced",
     ),
@@ -975,13 +975,6 @@ TEXT_DEPENDENCIES: tuple[TextDependency, ...] = (
         "the node's args[3] is the function the user called ('linalg.inv' or 'torch.linalg.inv')",
         "torchscan._traced._step_errors.refuse_side_effects",
         "name the linear-algebra function whose error check cannot be exported in a loop",
-    ),
-    TextDependency(
-        "cached-result-changed",
-        "torch.utils.checkpoint, selective checkpointing's cache (_CachedTorchDispatchMode)",
-        CACHED_RESULT_CHANGED_ERROR,
-        "torchscan._checkpointed",
-        "name the step and the line that changes a result checkpoint's save= keeps",
     ),
     TextDependency(
         "vmap-control-flow",

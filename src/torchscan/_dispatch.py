@@ -12,9 +12,9 @@ context of the call alone (:func:`choose`), and hands the plan to that strategy'
                     step gives them (:mod:`torchscan._eager`)
 ``"compiled"``      TorchDynamo compiles the call: one loop operator in the compiled graph
                     (:mod:`torchscan._compiled`)
-``"checkpointed"``  autograd records a scan with ``checkpoint``: segments of steps kept by
-                    their carries and run again in the backward pass, each a scan that runs as
-                    the strategies below choose (:mod:`torchscan._checkpointed`)
+``"checkpointed"``  autograd records a scan or loop with ``checkpoint``: segments of steps kept
+                    by their carries and run again in the backward pass, each a scan (a loop)
+                    that runs as the strategies below choose (:mod:`torchscan._checkpointed`)
 ``"hoisted"``       the Python loop of the step's carry-dependent part, the rest computed once over
                     the whole sequence (:mod:`torchscan._hoist`), where the step allows it
 ``"eager"``         the Python loop, every step checked (:mod:`torchscan._eager`)
@@ -92,7 +92,11 @@ def choose(plan: ScanPlan | LoopPlan) -> Strategy:
     if none:
         return "empty"
     tensors = isinstance(plan.trip_count, torch.Tensor) or isinstance(plan.cond, torch.Tensor)
-    return "compiled" if compiling_now and not tensors else "eager"
+    if compiling_now and not tensors:
+        return "compiled"
+    if plan.checkpoint is not None and not compiling_now and checkpointing():
+        return "checkpointed"
+    return "eager"
 
 
 def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
@@ -114,7 +118,14 @@ def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
         if plan.padded_length is not None:
             ys = _outputs.extend(ys, plan.out, plan.padded_length - plan.length)
         return carry, ys
+    if strategy == "checkpointed":
+        return _checkpointed.loop(plan, _loop)
     return _LOOP_RUNNERS[strategy](plan)
+
+
+def _loop(plan: LoopPlan) -> tuple[Any, Any]:
+    """``(carry, ys)`` of the loop ``plan`` run as :func:`choose` says."""
+    return _LOOP_RUNNERS[choose(plan)](plan)
 
 
 def _scan(plan: ScanPlan, strategy: Strategy | None = None) -> tuple[Any, Any]:

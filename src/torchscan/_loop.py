@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Callable
-from typing import Any, SupportsIndex, TypeVar
+from typing import Any, Literal, SupportsIndex, TypeVar
 
 import torch
 
-from torchscan import _checks, _dispatch, _outputs, _steps
+from torchscan import _checkpoint, _checks, _dispatch, _outputs, _steps
+from torchscan._checkpoint import Checkpoint
 from torchscan._errors import TorchscanTypeError
 from torchscan._plan import LoopPlan
 from torchscan._steps import Until
@@ -33,6 +34,7 @@ def loop(
     *,
     trip_count: SupportsIndex | torch.Tensor | None = None,
     cond: bool | torch.Tensor | None = None,
+    checkpoint: int | Literal["sqrt"] | Checkpoint | None = None,
 ) -> tuple[Carry, Y]:
     """Run ``body`` with an iteration number and a carry, as ONNX ``Loop`` does.
 
@@ -83,6 +85,11 @@ def loop(
             or ``None`` for no limit. A negative count runs none, as in ONNX and ``range``.
         cond: whether to run the first iteration: a bool or a 0-d bool tensor; ``None`` means
             ``True``.
+        checkpoint: what the backward pass keeps of the iterations, and what it runs again, as
+            in ``scan`` (see :class:`torchscan.Checkpoint`): an int ``k`` keeps the carry every
+            ``k`` iterations, however many run; ``"sqrt"`` and the binomial schedule
+            (``Checkpoint(snapshots=c)``) need ``trip_count``, and plan for all of its
+            iterations (a loop that stops earlier runs fewer again).
 
     Returns:
         ``(carry, ys)``: the carry after the last iteration, and the ``y`` of every iteration
@@ -91,11 +98,14 @@ def loop(
 
     Raises:
         TypeError: ``body`` is not callable or does not return ``(carry, y)`` or ``(carry, y,
-            until(stop))``; ``stop``, ``trip_count`` or ``cond`` has the wrong type; a leaf is
+            until(stop))``; ``stop``, ``trip_count``, ``cond`` or ``checkpoint`` has the wrong
+            type; a leaf is
             not a tensor; the carry or ``y`` changes structure, shape, dtype or device at any
             iteration; ``until`` is not the last item ``body`` returns.
         ValueError: the loop could never end (no ``trip_count`` and no ``until``); tensors of
-            ``init`` on different devices; ``body`` changes ``i`` or its carry in place.
+            ``init`` on different devices; ``body`` changes ``i`` or its carry in place;
+            ``checkpoint`` is an int below 1, or ``"sqrt"`` or a binomial schedule without
+            ``trip_count``.
 
     Example:
         Powers of two until one passes 100, at most 20:
@@ -130,6 +140,7 @@ def loop(
         trip_count=trip_count,
         cond=_check_cond(cond),
         never_ends=_NEVER_ENDS if trip_count is None else "",
+        checkpoint=_checkpoint.resolve(_API, checkpoint),
     )
     return _dispatch.run(plan)
 

@@ -173,6 +173,8 @@ class LoopPlan:
       cond: whether the first iteration runs: a bool, a 0-d bool tensor, or ``None``.
       never_ends: the refusal of a body that returns no ``until`` where nothing else would end
         the loop; empty where something does.
+      checkpoint: what the iterations keep for the backward pass and what it runs again
+        (:class:`torchscan.Checkpoint`); ``None``: everything they save.
     """
 
     protocol: _steps.Protocol
@@ -181,6 +183,7 @@ class LoopPlan:
     trip_count: Any
     cond: Any
     never_ends: str
+    checkpoint: Checkpoint | None = None
 
     @property
     def user(self) -> Callable[..., Any]:
