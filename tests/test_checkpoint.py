@@ -123,6 +123,15 @@ def _case_dropout(w, xs, h0, **kw):
     return torchscan.scan(step, h0, xs, **kw)
 
 
+def _case_counter_and_view(w, xs, h0, **kw):
+    def step(carry, x):
+        h, previous, t = carry  # an integer carry; a carry that is the last step of xs
+        h = torch.tanh(x @ w["W"] + previous @ w["U"] + h @ w["V"])
+        return (h, x, t + 1), h * t
+
+    return torchscan.scan(step, (h0, torch.zeros_like(h0), torch.tensor(0)), xs, **kw)
+
+
 CASES: dict[str, Callable[..., Any]] = {
     "elman": _case_elman,
     "pytrees": _case_pytrees,
@@ -133,6 +142,7 @@ CASES: dict[str, Callable[..., Any]] = {
     "no xs": _case_no_xs,
     "until": _case_until,
     "dropout": _case_dropout,
+    "counter and view": _case_counter_and_view,
 }
 
 
@@ -179,6 +189,47 @@ def test_the_gradients_are_the_python_loop_s() -> None:
     for policy in POLICIES.values():
         h, ys = torchscan.scan(step, h0, xs, checkpoint=policy)
         got = torch.autograd.grad(h.sum() + ys.pow(2).sum(), [xs, h0, *w.values()])
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["every 4", "sqrt", "binomial 2"])
+def test_second_derivatives_are_the_unchecked_scan_s(policy: str) -> None:
+    """``create_graph=True`` through the segments: the gradient of a gradient."""
+
+    def second(**kw: Any) -> list[torch.Tensor]:
+        w = _weights()
+        xs, h0 = _inputs()
+        h, ys = torchscan.scan(_elman(w), h0, xs, **kw)
+        (gw,) = torch.autograd.grad(h.sum() + ys.pow(2).sum(), [w["W"]], create_graph=True)
+        return list(torch.autograd.grad(gw.pow(2).sum(), [xs, h0, w["U"], w["V"]]))
+
+    expected = second()
+    for _ in range(3):  # the segments hoisted from the third call
+        for g, e in zip(second(checkpoint=POLICIES[policy]), expected, strict=True):
+            # (second derivatives here reach thousands: 1e-12 relative too)
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["every 4", "sqrt", "binomial 2"])
+def test_within_torch_utils_checkpoint_the_gradients_are_the_same(policy: str) -> None:
+    """A checkpointed scan in a function that ``torch.utils.checkpoint`` runs again: the
+    recomputation takes the forward's path, segment by segment."""
+    from torch.utils.checkpoint import checkpoint
+
+    def gradients(outer: bool, **kw: Any) -> tuple[torch.Tensor, ...]:
+        w = _weights()
+        xs, h0 = _inputs()
+
+        def run(xs: torch.Tensor, h0: torch.Tensor) -> Any:
+            return torchscan.scan(_elman(w), h0, xs, **kw)
+
+        h, ys = checkpoint(run, xs, h0, use_reentrant=False) if outer else run(xs, h0)
+        return torch.autograd.grad(h.sum() + ys.pow(2).sum(), [xs, h0, *w.values()])
+
+    expected = gradients(False, hoist=False)
+    for _ in range(3):  # the segments hoisted from the third call
+        got = gradients(True, checkpoint=POLICIES[policy])
         for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
 
@@ -282,9 +333,9 @@ def test_the_forward_pass_keeps_no_step_s_activations(policy: Any, alive: int) -
     assert xs.grad is not None
 
 
-def _kept_after_forward(n: int, policy: Any) -> int:
+def _kept_after_forward(n: int, policy: Any, carry: str = "tensor") -> int:
     """The bytes of the storages that the forward pass of an LSTM-like step over ``n`` steps
-    leaves alive, besides its outputs."""
+    leaves alive, besides its outputs; its carry a tensor, or an LSTM's pair ``(h, c)``."""
     w = _weights()
     xs = torch.randn(n, B, H, dtype=torch.float64)
     h0 = torch.zeros(B, H, dtype=torch.float64, requires_grad=True)
@@ -293,46 +344,70 @@ def _kept_after_forward(n: int, policy: Any) -> int:
         gate = torch.sigmoid(x @ w["W"] + h @ w["U"])
         return gate * torch.tanh(h @ w["V"]), h
 
+    def pair_step(carry, x):
+        h, c = carry
+        c = c * torch.sigmoid(x @ w["W"] + h @ w["U"]) + torch.tanh(h @ w["V"])
+        return (torch.tanh(c), c), h
+
+    c0 = torch.full((B, H), 0.5, dtype=torch.float64, requires_grad=True)
+    step, init = (step, h0) if carry == "tensor" else (pair_step, (h0, c0))
+
     for _ in range(3):  # the hoisting caches filled
-        h, ys = torchscan.scan(step, h0, xs, checkpoint=policy)
-        (h.sum() + ys.sum()).backward()
+        last, ys = torchscan.scan(step, init, xs, checkpoint=policy)
+        (sum(leaf.sum() for leaf in _leaves(last)) + ys.sum()).backward()
     gc.collect()
-    before = {id(t) for t in gc.get_objects() if type(t) in _TENSORS}
-    h, ys = torchscan.scan(step, h0, xs, checkpoint=policy)
+    before = [t for t in gc.get_objects() if type(t) in _TENSORS]
+    old = {id(t) for t in before}
+    # (a new view of an old storage, such as a step of xs, keeps no new memory)
+    old_storages = {t.untyped_storage().data_ptr() for t in before}
+    del before
+    last, ys = torchscan.scan(step, init, xs, checkpoint=policy)
     gc.collect()
-    outputs = {h.untyped_storage().data_ptr(), ys.untyped_storage().data_ptr()}
+    outputs = {t.untyped_storage().data_ptr() for t in [*_leaves(last), ys]}
     storages = {
         t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
         for t in gc.get_objects()
-        if type(t) in _TENSORS and id(t) not in before
+        if type(t) in _TENSORS and id(t) not in old
     }
-    return sum(size for address, size in storages.items() if address not in outputs)
+    return sum(
+        size
+        for address, size in storages.items()
+        if address not in outputs and address not in old_storages
+    )
 
 
 CARRY = B * H * 8  # float64
 _TENSORS = (torch.Tensor, torch.nn.Parameter)  # (isinstance would ask deprecated objects)
 
 
+def _leaves(tree: Any) -> list[torch.Tensor]:
+    return torch.utils._pytree.tree_leaves(tree)
+
+
+@pytest.mark.parametrize("carry", ["tensor", "pair"])
 @pytest.mark.parametrize("snapshots", [1, 3, 6])
 def test_the_binomial_schedule_keeps_c_carries_and_one_step_whatever_the_length(
-    snapshots: int,
+    snapshots: int, carry: str
 ) -> None:
-    one_step = _kept_after_forward(1, None)  # (its input, the caller's, not counted)
-    assert one_step > 2 * CARRY  # what a step saves: its gate, its products' operands...
+    size = CARRY * (1 if carry == "tensor" else 2)
+    one_step = _kept_after_forward(1, None, carry)  # (its input, the caller's, not counted)
+    assert one_step > 0  # what a step saves: its gate, its products' operands...
     for n in (40, 160):
-        kept = _kept_after_forward(n, Checkpoint(snapshots=snapshots))
+        kept = _kept_after_forward(n, Checkpoint(snapshots=snapshots), carry)
         # c carries besides init, and the last step, which runs with autograd at once, with its
         # input carry
-        assert kept <= snapshots * CARRY + CARRY + one_step, (n, kept)
+        assert kept <= snapshots * size + size + one_step, (n, kept)
 
 
+@pytest.mark.parametrize("carry", ["tensor", "pair"])
 @pytest.mark.parametrize("n", [40, 160])
-def test_segments_keep_a_carry_each(n: int) -> None:
+def test_segments_keep_a_carry_each(n: int, carry: str) -> None:
+    size = CARRY * (1 if carry == "tensor" else 2)
     k = math.isqrt(n - 1) + 1
     segments = -(-n // k)
     # the first segment starts from init, which the caller holds
-    assert _kept_after_forward(n, "sqrt") == (segments - 1) * CARRY
-    assert _kept_after_forward(n, None) > n * 2 * CARRY
+    assert _kept_after_forward(n, "sqrt", carry) == (segments - 1) * size
+    assert _kept_after_forward(n, None, carry) > n * 2 * CARRY
 
 
 class _Counting(TorchDispatchMode):

@@ -96,6 +96,11 @@ def _kept_by_segments() -> None:
     _scan(xs, hoist=False, checkpoint=2).sum().backward()
 
 
+def _kept_hoisted() -> None:
+    xs = _xs().requires_grad_()
+    _scan(xs, checkpoint=2).sum().backward()
+
+
 def _kept_without_autograd() -> None:
     with torch.no_grad():
         _scan(_xs().requires_grad_(), hoist=False, checkpoint=2)
@@ -145,8 +150,12 @@ ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
     "inference mode": (_inference, ["eager"], ""),
     # the forward, then its recomputation in backward
     "torch.utils.checkpoint": (_checkpointed, ["eager", "eager"], ""),
-    # three segments of two steps each, each a scan; again in backward, from the last
-    "checkpoint=2": (_kept_by_segments, ["checkpointed"] + ["eager"] * 6, ""),
+    # three segments of two steps each, each a scan (the second and the third asked first
+    # whether they are hoisted); again in backward, from the last
+    "checkpoint=2": (_kept_by_segments, ["checkpointed"] + ["eager"] * 8, ""),
+    # the first segment runs as the Python loop (watched for until); the others hoisted, run
+    # again in backward without being chosen again
+    "checkpoint=2, hoisted": (_kept_hoisted, ["checkpointed"] + ["hoisted"] * 4, "loop"),
     "checkpoint=2, no_grad": (_kept_without_autograd, ["eager"], ""),
     "checkpoint=2, torch.compile": (_kept_compiled, ["compiled"], ""),
     "checkpoint=2, vmap": (_kept_vmapped, ["eager"], ""),

@@ -69,9 +69,15 @@ def run(script: Path, *args: str) -> str:
     return result.stdout
 
 
+# Examples sized for a long run, here at a small size.
+EXAMPLE_ARGS = {
+    "long_sequence.py": ["--T", "300", "--B", "4", "--channels", "64", "--train-steps", "1"],
+}
+
+
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_runs(script: Path) -> None:
-    run(script)
+    run(script, *EXAMPLE_ARGS.get(script.name, []))
 
 
 def test_every_benchmark_is_exercised() -> None:

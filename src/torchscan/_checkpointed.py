@@ -19,22 +19,24 @@ from typing import Any
 
 import torch
 
-from torchscan import _checkpoint, _compat, _pytree, _source
+from torchscan import _checkpoint, _compat, _hoist, _pytree, _source
 from torchscan._errors import TorchscanValueError
 from torchscan._plan import LoopPlan, ScanPlan
 from torchscan._until import Until
 
 Runner = Callable[[Any], tuple[Any, Any]]
+Prepare = Callable[[ScanPlan], "tuple[_hoist.Hoisted, list[torch.Tensor]] | None"]
 
 MOST_NESTED = 48
 """The most segments the binomial schedule nests in one another (its repetition number): each
 level is a few frames of Python, in the forward pass and again where the backward pass runs it."""
 
 
-def scan(plan: ScanPlan, run: Runner) -> tuple[Any, Any]:
+def scan(plan: ScanPlan, run: Runner, prepare: Prepare | None = None) -> tuple[Any, Any]:
     """``(carry, ys)`` of ``plan`` with its ``checkpoint``; ``run`` runs a segment's plan (one
-    without ``checkpoint``)."""
-    segments = _Segments(plan, run)
+    without ``checkpoint``); ``prepare`` gives a segment's hoisted step and the tensors it
+    captures, or None where it is not hoisted (:func:`torchscan._hoist.prepare`)."""
+    segments = _Segments(plan, run, prepare)
     carry, pieces = _schedule(segments, plan.length)
     return carry, segments.join(pieces)
 
@@ -80,7 +82,7 @@ def _schedule(segments: _Segments, total: int | None) -> tuple[Any, list[Any]]:
         if segments.stopped_before(start):
             break
         stop = start + k if total is None else min(start + k, total)
-        carry, ys = segments.kept(segments.run, carry, start, stop)
+        carry, ys = segments.kept_segment(carry, start, stop)
         pieces.append(ys)
     return carry, pieces
 
@@ -130,9 +132,15 @@ class _Segments:
 
     plan: Any  # ScanPlan; LoopPlan for _LoopSegments
     runner: Runner
+    prepare: Prepare | None = None
     stop: int | None = None
     """The step that returned ``until`` with a true stop, if one did: no step runs after it (in
     the forward pass, and where the backward pass runs a segment again)."""
+    returns_until: bool | None = None
+    """Whether the step returns ``until``, known from its first run: the segments after the
+    first of a step that does not run it unwrapped, so that they are hoisted as the scan without
+    ``checkpoint`` is (what :meth:`_watching` wraps it in captures too much for a hoisting
+    signature)."""
 
     def __post_init__(self) -> None:
         policy = self.plan.checkpoint
@@ -156,14 +164,22 @@ class _Segments:
 
     def kept(self, run: Callable[..., Any], carry: Any, *args: Any, **kwargs: Any) -> Any:
         """``run(carry, ...)``, whose backward pass runs it again from ``carry``, with the random
-        numbers it drew (:class:`_Again`)."""
+        numbers it drew (:class:`_Again`).
+
+        The carry goes to ``torch.utils.checkpoint`` leaf by leaf: it keeps a tensor argument
+        as a saved tensor, which a segment around it drops and runs again, but any other
+        argument (a tuple of tensors) as it is, for as long as the graph lives."""
         from torch.utils import checkpoint
 
         options: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": False}
         if self.context_fn is not None:
             options["context_fn"] = self.context_fn
-        again = _Again(run, self.devices)
-        return checkpoint.checkpoint(again, carry, *args, **kwargs, **options)
+        leaves, spec = _pytree.tree_flatten(carry)
+        again = _Again(
+            lambda *leaves: run(_pytree.tree_unflatten(list(leaves), spec), *args, **kwargs),
+            self.devices,
+        )
+        return checkpoint.checkpoint(again, *leaves, **options)
 
     @functools.cached_property
     def devices(self) -> list[int]:
@@ -178,8 +194,27 @@ class _Segments:
         """Whether a step before ``step`` stopped the scan."""
         return self.stop is not None and self.stop < step
 
+    def kept_segment(self, carry: Any, start: int, stop: int) -> tuple[Any, Any]:
+        """``run(carry, start, stop)`` kept by its carry: where the segment is hoisted (and its
+        step returns no ``until``, and ``save=`` keeps nothing), as a function of its tensors
+        and of those its step captures (:class:`_Recomputed`), which runs without autograd
+        in the forward pass and pays no saved-tensor hook; else by ``torch.utils.checkpoint``
+        (:meth:`kept`)."""
+        if self.prepare is not None and self.context_fn is None and self.returns_until is False:
+            segment = self._segment(carry, start, stop)
+            found = self.prepare(segment)
+            if found is not None:
+                out = _recomputed(segment, *found, self.devices)
+                if out is not None:
+                    return out
+        return self.kept(self.run, carry, start, stop)
+
     def run(self, carry: Any, start: int, stop: int) -> tuple[Any, Any]:
         """Steps ``start`` to ``stop`` from ``carry``: ``(carry, ys)``."""
+        return self.runner(self._segment(carry, start, stop))
+
+    def _segment(self, carry: Any, start: int, stop: int) -> ScanPlan:
+        """The plan of steps ``start`` to ``stop`` from ``carry``."""
         plan, n = self.plan, self.plan.length
         leaves = tuple(
             None
@@ -189,16 +224,16 @@ class _Segments:
                 plan.xs_leaves, plan.in_axes, plan.in_reverse, strict=True
             )
         )
-        segment = dataclasses.replace(
+        return dataclasses.replace(
             plan,
-            fn=self._watching(plan.fn, start),
+            # (the first segment wrapped whenever it runs: a recomputation takes its forward's path)
+            fn=self._watching(plan.fn, start) if start == 0 or self.returns_until else plan.fn,
             carry=plan.carry.of(carry, _pytree.tree_flatten(carry)[0]),
             xs_leaves=leaves,
             length=stop - start,
             padded_length=None,
             checkpoint=None,
         )
-        return self.runner(segment)
 
     def _watching(self, fn: Callable[[Any, Any], Any], start: int) -> Callable[[Any, Any], Any]:
         """``fn`` as the steps from ``start`` on, noting in :attr:`stop` the one that returns a
@@ -208,7 +243,10 @@ class _Segments:
         @functools.wraps(fn)
         def step(carry: Any, x: Any) -> Any:
             out, t = fn(carry, x), next(steps)
-            if isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], Until):
+            returns_until = isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], Until)
+            if self.returns_until is None:
+                self.returns_until = returns_until
+            if returns_until:
                 stop = out[2].stop
                 if isinstance(stop, torch.Tensor) and stop.numel() == 1 and bool(stop):
                     self.stop = t if self.stop is None else min(self.stop, t)
@@ -379,3 +417,83 @@ def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
 
 def _address(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
+
+
+def _recomputed(
+    plan: ScanPlan, hoisted: _hoist.Hoisted, captured: list[torch.Tensor], devices: list[int]
+) -> tuple[Any, Any] | None:
+    """``(carry, ys)`` of the hoisted segment ``plan``, computed without autograd, whose
+    backward pass runs it again with autograd (:class:`_Recomputed`) from its carry, its
+    sequences and the tensors its step captures; None where the hoisted step cannot run (vmap
+    cannot batch it: from then on it is not hoisted)."""
+    carry_leaves, xs_leaves = plan.carry.leaves, plan.xs_leaves
+    inputs = [t for t in (*carry_leaves, *xs_leaves) if t is not None] + list(captured)
+
+    def run(*tensors: torch.Tensor) -> tuple[Any, Any] | None:
+        given = iter(tensors)
+        carry = [None if leaf is None else next(given) for leaf in carry_leaves]
+        xs = tuple(None if leaf is None else next(given) for leaf in xs_leaves)
+        init = _pytree.tree_unflatten(carry, plan.carry.spec)
+        segment = dataclasses.replace(plan, carry=plan.carry.of(init, carry), xs_leaves=xs)
+        return _hoist.execute(segment, hoisted, list(given))
+
+    again = _Again(run, devices)
+    with torch.no_grad():
+        out = again(*inputs)
+    if out is None:
+        return None
+    leaves, spec = _pytree.tree_flatten(out)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    # (a view of an input, such as a carry that is a step of xs, returned as a tensor of its own)
+    tensors = [t.clone() if t._is_view() else t for t in tensors]
+    results = iter(_Recomputed.apply(again, tensors, *inputs))
+    leaves = [next(results) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+    return _pytree.tree_unflatten(leaves, spec)
+
+
+class _Recomputed(torch.autograd.Function):
+    """The outputs of a segment computed without autograd (``outputs``), as a function of
+    ``inputs``; the backward pass runs the segment (``again``) once more from them, with
+    autograd, and takes its gradients."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, again: _Again, outputs: list[torch.Tensor], *inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.again = again
+        ctx.save_for_backward(*inputs)
+        ctx.mark_non_differentiable(
+            *(t for t in outputs if not (t.is_floating_point() or t.is_complex()))
+        )
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        saved = ctx.saved_tensors
+        # The gradients are taken at inputs cut from their history (else a captured weight's
+        # would add the paths through the carry's history too): detached, or with create_graph
+        # (grad mode on here) aliases, whose gradients flow on to the inputs themselves.
+        higher = torch.is_grad_enabled()
+        inputs = [
+            t if not t.requires_grad else t.view_as(t) if higher else t.detach().requires_grad_()
+            for t in saved
+        ]
+        with torch.enable_grad():
+            out = ctx.again(*inputs)
+        outputs = [t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        pairs = [
+            (o, g) for o, g in zip(outputs, grads, strict=True) if g is not None and o.requires_grad
+        ]
+        wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
+        found: list[torch.Tensor | None] = [None] * len(inputs)
+        if pairs and wanted:
+            got = torch.autograd.grad(
+                [o for o, _ in pairs],
+                [inputs[i] for i in wanted],
+                [g for _, g in pairs],
+                allow_unused=True,
+                create_graph=higher,
+            )
+            for i, g in zip(wanted, got, strict=True):
+                found[i] = g
+        return (None, None, *found)

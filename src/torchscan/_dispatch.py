@@ -112,7 +112,7 @@ def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
             raise refusal.from_api(plan.protocol.api) from refusal.__cause__
     if isinstance(plan, ScanPlan):
         if strategy == "checkpointed":
-            carry, ys = _checkpointed.scan(plan, _scan)
+            carry, ys = _checkpointed.scan(plan, _scan, _prepared)
         else:
             carry, ys = _scan(plan, strategy)
         if plan.padded_length is not None:
@@ -135,6 +135,12 @@ def _scan(plan: ScanPlan, strategy: Strategy | None = None) -> tuple[Any, Any]:
     result = _hoist.scan(plan) if strategy == "hoisted" else None
     # not hoisted after all (the step does not allow it, or not yet): the Python loop
     return _SCAN_RUNNERS[strategy](plan) if result is None else result
+
+
+def _prepared(plan: ScanPlan) -> tuple[_hoist.Hoisted, list[torch.Tensor]] | None:
+    """The hoisted step of a checkpointed segment's ``plan``, traced at its first call (its
+    segments call it many times), and what it captures; None where it runs unhoisted."""
+    return _hoist.prepare(plan, now=True) if choose(plan) == "hoisted" else None
 
 
 _SCAN_RUNNERS = {

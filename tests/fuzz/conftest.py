@@ -6,6 +6,8 @@ as CI needs); ``--fuzz N`` runs ``N`` programs per test from a random seed, prin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import hypothesis
 import pytest
 
@@ -44,6 +46,15 @@ def fuzz_settings(request: pytest.FixtureRequest):
         )
 
     return settings
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--fuzz N`` runs as long as its N programs take: no per-test time limit."""
+    if config.getoption("--fuzz") is not None:
+        here = Path(__file__).parent
+        for item in items:
+            if here in item.path.parents:
+                item.add_marker(pytest.mark.timeout(0))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

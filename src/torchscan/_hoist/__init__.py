@@ -81,16 +81,14 @@ def eligible(plan: ScanPlan) -> bool:
 def scan(plan: ScanPlan) -> tuple[Any, Any] | None:
     """The steps of ``plan`` with the work that does not depend on the carry done once; ``None``
     where the step cannot be hoisted, and runs as the Python loop."""
-    return _run(plan)
+    found = prepare(plan)
+    return None if found is None else execute(plan, *found)
 
 
-def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
-    """``(carry, ys)`` of ``plan`` with its step's hoisted programs, or None where the step is
-    not hoisted (this call: :func:`lookup` says why in :data:`last`): the constant part once,
-    the sequence part batched over every step where that pays (:data:`~._policy.BATCH_FROM`,
-    within :data:`~._policy.AUTO_MEMORY_LIMIT` for ``hoist=None``, and where vmap batches it;
-    else at every step, in the loop), the carry's part in the generated loop; ``ys`` stacked
-    per leaf as ``plan.out`` lays them out."""
+def prepare(plan: ScanPlan, *, now: bool = False) -> tuple[Hoisted, list[torch.Tensor]] | None:
+    """The hoisted step of ``plan`` and the tensors it captures (:func:`execute` runs it), or
+    None where the step is not hoisted (this call: :func:`lookup` says why in :data:`last`);
+    ``now``: traced at its first call, as with ``hoist=True``."""
     # (the plan's direction, read by eligible() for this call, is in its memo)
     reverse = (plan.memo.get("direction") or plan.direction)[0]  # type: ignore[index]
     n = plan.length
@@ -111,7 +109,7 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
         lambda out: protocol.check_fake_result(out, carry_type, plan.out),
         # under saved-tensor hooks a recomputation (torch.utils.checkpoint's) must take the
         # path its forward took, whatever the calls between them: traced at the first call
-        now=plan.hoist is True or _compat.saved_tensors_hooks_active(),
+        now=now or plan.hoist is True or _compat.saved_tensors_hooks_active(),
         trace=trace,
     )
     if found is None:
@@ -120,7 +118,21 @@ def _run(plan: ScanPlan) -> tuple[Any, Any] | None:
             _warn(plan, last.reason)
         return None
     hoisted, walk = found
-    captured = [walk.tensors[i] for i in hoisted.captured]
+    return hoisted, [walk.tensors[i] for i in hoisted.captured]
+
+
+def execute(
+    plan: ScanPlan, hoisted: Hoisted, captured: Sequence[torch.Tensor]
+) -> tuple[Any, Any] | None:
+    """``(carry, ys)`` of ``plan`` with its step's hoisted programs (:func:`prepare`), which
+    capture ``captured`` (None where vmap cannot batch its sequence part, and the signature is
+    refused from then on): the constant part once, the sequence part batched over every step
+    where that pays (:data:`~._policy.BATCH_FROM`, within :data:`~._policy.AUTO_MEMORY_LIMIT` for
+    ``hoist=None``, and where vmap batches it; else at every step, in the loop), the carry's part
+    in the generated loop; ``ys`` stacked per leaf as ``plan.out`` lays them out."""
+    reverse = (plan.memo.get("direction") or plan.direction)[0]  # type: ignore[index]
+    n = plan.length
+    carry_type = plan.carry
     once = hoisted.once(*captured)
     xs = [leaf for leaf in plan.xs_leaves if leaf is not None]
     axes = [a for a in plan.in_axes if a is not None]  # those of the tensors, as xs
