@@ -132,6 +132,15 @@ def _case_counter_and_view(w, xs, h0, **kw):
     return torchscan.scan(step, (h0, torch.zeros_like(h0), torch.tensor(0)), xs, **kw)
 
 
+def _case_unchanged_leaf(w, xs, h0, **kw):
+    def step(carry, x):
+        h, k = carry  # k: returned as it came, at every step
+        h = torch.tanh(x @ w["W"] + k @ w["U"] + h @ w["V"])
+        return (h, k), h
+
+    return torchscan.scan(step, (h0, h0 * 3), xs, **kw)
+
+
 CASES: dict[str, Callable[..., Any]] = {
     "elman": _case_elman,
     "pytrees": _case_pytrees,
@@ -143,6 +152,7 @@ CASES: dict[str, Callable[..., Any]] = {
     "until": _case_until,
     "dropout": _case_dropout,
     "counter and view": _case_counter_and_view,
+    "unchanged leaf": _case_unchanged_leaf,
 }
 
 
