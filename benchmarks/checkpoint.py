@@ -12,27 +12,44 @@ one thread, forward + backward of ``h.sum() + ys.sum()``:
 * steps run: the calls of the step function, forward and backward (counted on a run without
   hoisting); for the binomial schedule, Griewank's optimum beside it.
 
+A second table measures a ``loop`` over the same steps that ``until`` ends after ``T``
+iterations (its body reads ``xs[i]``): without checkpointing, with ``Checkpoint(snapshots=c)``
+and no ``trip_count`` (the online schedule), and with ``trip_count=T`` (the binomial schedule of
+a known length); beside the iterations run, equinox's ``checkpointed_while_loop``'s count for
+``c + 1`` checkpoints (``tests/_oracles.py`` counts its schedule) and revolve's optimum.
+
+``--rss`` adds each implementation's peak resident memory: one forward + backward in a process of
+its own, the process's peak (``VmHWM``, reset before the run) less its resident memory before
+the run (Linux).
+
 Every implementation's gradients are checked against the scan's before anything is measured
 (within 1e-4 of the largest gradient: float32 sums over thousands of steps, in other orders
 where a segment's products are hoisted; ``tests/test_checkpoint.py`` compares in float64).
-Ratios are to the scan without checkpointing. ``--plot PATH`` also draws kept memory against time
-(needs matplotlib). Run ``python benchmarks/checkpoint.py --help`` for the options.
+Ratios are to the scan (the loop) without checkpointing. ``--plot PATH`` also draws kept memory
+against time (needs matplotlib). Run ``python benchmarks/checkpoint.py --help`` for the options.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils import checkpoint as torch_checkpoint
 
 import torchscan
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests._oracles import equinox_online
 
 
 def cells(hidden: int) -> dict[str, torch.nn.Module]:
@@ -114,6 +131,30 @@ def implementations(snapshots: int) -> dict[str, Callable[..., Any]]:
     }
 
 
+def loop_implementations(snapshots: int) -> dict[str, Callable[..., Any]]:
+    """Loops over the steps of ``xs`` that ``until`` ends after ``xs.shape[0]`` iterations."""
+
+    def loop(trip_count: bool, **options: Any) -> Callable[..., Any]:
+        def run(step: Callable, init: Any, xs: torch.Tensor, **_: Any) -> Any:
+            last = xs.shape[0] - 1
+
+            def body(i: torch.Tensor, carry: Any) -> Any:
+                carry, y = step(carry, xs[i])
+                return carry, y, torchscan.until(i >= last)
+
+            count = xs.shape[0] if trip_count else None
+            return torchscan.loop(body, init, trip_count=count, **options)
+
+        return run
+
+    binomial = torchscan.Checkpoint(snapshots=snapshots)
+    return {
+        "loop": loop(False),
+        f"loop, Checkpoint(snapshots={snapshots}), online": loop(False, checkpoint=binomial),
+        f"loop, trip_count=T, Checkpoint(snapshots={snapshots})": loop(True, checkpoint=binomial),
+    }
+
+
 def loss_of(out: Any) -> torch.Tensor:
     carry, ys = out
     return sum(leaf.sum() for leaf in torch.utils._pytree.tree_leaves(carry)) + ys.sum()
@@ -158,14 +199,50 @@ def revolve_evaluations(n: int, snapshots: int) -> int:
     return r * n - math.comb(s + 1 + r - 1, s + 1) + n
 
 
-def measure(cell_name: str, cell: torch.nn.Module, length: int, args: argparse.Namespace) -> dict:
+def _setup(cell_name: str, length: int, args: argparse.Namespace) -> tuple:
     torch.manual_seed(0)
-    counter = [0]
-    step = step_of(cell)
+    cell = cells(args.H)[cell_name]
     xs = torch.randn(length, args.B, args.H)
     zeros = torch.zeros(args.B, args.H)
     init = (zeros, zeros) if cell_name == "LSTM" else zeros
-    impls = implementations(args.snapshots)
+    return cell, xs, init
+
+
+def peak_rss(cell_name: str, length: int, table: str, name: str, args: argparse.Namespace) -> int:
+    """The peak resident bytes of one forward + backward of implementation ``name``, in a
+    process of its own, less its resident memory before the run."""
+    options = ["--B", str(args.B), "--H", str(args.H), "--snapshots", str(args.snapshots)]
+    child = [sys.executable, __file__, *options, "--child", cell_name, str(length), table, name]
+    done = subprocess.run(child, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _status(field: str) -> int:
+    """A size in bytes from ``/proc/self/status`` (``VmRSS``, ``VmHWM``: Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def child_rss(cell_name: str, length: int, table: str, name: str, args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)
+    cell, xs, init = _setup(cell_name, length, args)
+    impls = (implementations if table == "scan" else loop_implementations)(args.snapshots)
+    step = step_of(cell)
+    gc.collect()
+    # the peak reset to what is resident now (Linux's clear_refs), the run's own peak read after
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status("VmRSS")
+    loss_of(impls[name](step, init, xs)).backward()
+    return _status("VmHWM") - before
+
+
+def measure(cell_name: str, length: int, args: argparse.Namespace, table: str = "scan") -> dict:
+    counter = [0]
+    cell, xs, init = _setup(cell_name, length, args)
+    step = step_of(cell)
+    impls = (implementations if table == "scan" else loop_implementations)(args.snapshots)
     names = list(impls)
     record: dict[str, dict[str, Any]] = {name: {} for name in names}
 
@@ -174,7 +251,7 @@ def measure(cell_name: str, cell: torch.nn.Module, length: int, args: argparse.N
         loss_of(impls[name](step, init, xs)).backward()
         return [p.grad.clone() for p in cell.parameters()]
 
-    expected = gradients("scan")
+    expected = gradients(names[0])
     for name in names:
         for got, want in zip(gradients(name), expected, strict=True):
             # float32 sums over T steps in other orders (a segment's hoisted products)
@@ -186,6 +263,8 @@ def measure(cell_name: str, cell: torch.nn.Module, length: int, args: argparse.N
         loss_of(impls[name](counting(step, counter), init, xs, **options)).backward()
         record[name]["steps"] = counter[0]
         record[name]["kept"] = kept_bytes(lambda name=name: impls[name](step, init, xs))
+        if args.rss:
+            record[name]["rss"] = peak_rss(cell_name, length, table, name, args)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(args.repeats):
         order = names[repeat % len(names) :] + names[: repeat % len(names)]
@@ -208,35 +287,66 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cells", nargs="+", default=["GRU", "LSTM"])
     parser.add_argument("--plot", help="write kept memory against time to this PNG")
+    parser.add_argument("--rss", action="store_true", help="measure peak resident memory too")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        cell_name, length, table, name = args.child
+        print(json.dumps(child_rss(cell_name, int(length), table, name, args)))
+        return
     torch.set_num_threads(1)
-    results = {}
+    results, loops = {}, {}
     for cell_name in args.cells:
-        cell = cells(args.H)[cell_name]
         for length in args.T:
-            results[cell_name, length] = measure(cell_name, cell, length, args)
+            results[cell_name, length] = measure(cell_name, length, args)
+            loops[cell_name, length] = measure(cell_name, length, args, table="loop")
     print(
         f"forward + backward, B={args.B}, H={args.H}, 1 thread, median of {args.repeats}, "
         f"torch {torch.__version__}\n"
     )
+    rss = " peak RSS (MiB) |" if args.rss else ""
     print(
-        "| cell | T | implementation | kept (MiB) | time (s) | steps run | kept ratio "
+        f"| cell | T | implementation | kept (MiB) |{rss} time (s) | steps run | kept ratio "
         "| time ratio |"
     )
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| --- | ---: | --- | ---: |{' ---: |' if args.rss else ''} ---: | ---: | ---: | ---: |")
     for (cell_name, length), record in results.items():
-        base = record["scan"]
         for name, row in record.items():
             steps = str(row["steps"])
             if "snapshots" in name:
                 steps += f" (optimum {revolve_evaluations(length, args.snapshots)})"
-            print(
-                f"| {cell_name} | {length} | {name} | {row['kept'] / 2**20:.3f} "
-                f"| {row['time']:.3f} | {steps} | {row['kept'] / base['kept']:.4f} "
-                f"| {row['time'] / base['time']:.3f} |"
-            )
+            print(_row(cell_name, length, name, row, record["scan"], steps, args.rss))
+    print(
+        f"\nA loop that until ends after T iterations; equinox's count for {args.snapshots + 1} "
+        "checkpoints\n"
+    )
+    print(
+        f"| cell | T | implementation | kept (MiB) |{rss} time (s) | iterations run "
+        "| equinox's | revolve's optimum | kept ratio | time ratio |"
+    )
+    print(
+        f"| --- | ---: | --- | ---: |{' ---: |' if args.rss else ''} ---: | ---: | ---: | ---: "
+        "| ---: | ---: |"
+    )
+    for (cell_name, length), record in loops.items():
+        for name, row in record.items():
+            if "snapshots" in name:
+                equinox = str(equinox_online(args.snapshots + 1, length)[0])
+                optimum = str(revolve_evaluations(length, args.snapshots))
+            else:
+                equinox = optimum = "-"
+            steps = f"{row['steps']} | {equinox} | {optimum}"
+            print(_row(cell_name, length, name, row, record["loop"], steps, args.rss))
     if args.plot:
         plot(results, args.plot)
+
+
+def _row(cell: str, length: int, name: str, row: dict, base: dict, steps: str, rss: bool) -> str:
+    peak = f" {row['rss'] / 2**20:.1f} |" if rss else ""
+    return (
+        f"| {cell} | {length} | {name} | {row['kept'] / 2**20:.3f} |{peak} {row['time']:.3f} "
+        f"| {steps} | {row['kept'] / base['kept']:.4f} | {row['time'] / base['time']:.3f} |"
+    )
 
 
 def plot(results: dict, path: str) -> None:

@@ -120,3 +120,75 @@ def theano_scan_loop(
         if stop is not None and bool(stop.stop):
             break
     return [torch.stack(results[i]) for i in sorted(results)]
+
+
+def equinox_online(slots: int, n: int) -> tuple[int, int]:
+    """The iterations equinox's ``checkpointed_while_loop`` runs over ``n`` iterations with
+    ``slots`` checkpoints (its forward pass, then its backward pass's evaluations), and the most
+    carries it holds: its controller and its treeverse, written after its source as plain
+    Python."""
+    never = 1 << 62
+    # the forward pass: Stumm and Walther's Algorithm I, then Wang and Moin's
+    switch = (slots + 1) * (slots + 2) // 2 - 1
+    i, o, p, s = 0, slots, slots, True
+    levels, dispensable = [never] + [0] * (slots - 1), [False] * slots
+    steps = [never] * slots
+    for step in range(n):
+        if step < switch:
+            save, index = s, i
+            i = i + 1 if s else i
+            i = 1 if s and i > o else i
+            s = False if step + 1 == p else s
+            if step == p:
+                p, o = p + o, o - 1
+                i, s = o, o > 0
+        elif slots == 1:
+            save = False
+        else:
+            save = True
+            if any(dispensable):
+                index = max((steps[j] if dispensable[j] else 0, -j) for j in range(slots))[1] * -1
+                level = 0
+                dispensable[index] = False
+            else:
+                index = -max((steps[j], -j) for j in range(slots))[1]
+                level = levels[index] + 1
+                dispensable = [d or levels[j] < levels[index] for j, d in enumerate(dispensable)]
+            levels[index] = level
+        if save:
+            steps[index] = step
+    store = sorted(t for t in steps if t != never)
+
+    # the backward pass: its treeverse, a checkpoint placed halfway or, within budget, next
+    def load(grad_at: int, index: int) -> tuple[int, int]:
+        read = max(index - 1, 0)
+        return store[read], read if store[read] + 1 == grad_at else index
+
+    def next_checkpoint(at: int, grad_at: int, index: int) -> int:
+        if index == slots or at + 1 == grad_at or at + 2 == grad_at:
+            return never
+        within = grad_at - at - 2 <= slots - index
+        return at + 1 if within else at + (grad_at - at) // 2
+
+    index = len(store)
+    grad_at = n
+    at, index = load(grad_at, index)
+    upcoming = next_checkpoint(at, grad_at, index)
+    evaluations, most = 0, len(store)
+    while grad_at > 0:
+        evaluations += 1
+        if at + 1 == grad_at:
+            grad_at -= 1
+            if grad_at == 0:
+                break
+            at, index = load(grad_at, index)
+            upcoming = next_checkpoint(at, grad_at, index)
+        else:
+            at += 1
+            if at == upcoming:
+                store[index:] = [at]
+                index += 1
+                most = max(most, index)
+                upcoming = next_checkpoint(at, grad_at, index)
+        del store[index:]
+    return n + evaluations, most

@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchscan
+from tests._oracles import equinox_online
 from torchscan import Checkpoint
 
 T, B, H = 20, 3, 4
@@ -714,9 +715,7 @@ LOOP_POLICIES = {
 
 
 def _needs_trip_count(policy: Any) -> bool:
-    return policy == "sqrt" or (
-        isinstance(policy, Checkpoint) and (policy.snapshots is not None or policy.every == "sqrt")
-    )
+    return policy == "sqrt" or (isinstance(policy, Checkpoint) and policy.every == "sqrt")
 
 
 @pytest.mark.parametrize(
@@ -777,7 +776,7 @@ def test_a_loop_runs_revolve_s_optimum_of_iterations() -> None:
     assert calls[0] == _revolve_evaluations(50, 3)
 
 
-@pytest.mark.parametrize("checkpoint", ["sqrt", Checkpoint(snapshots=2)])
+@pytest.mark.parametrize("checkpoint", ["sqrt", Checkpoint(every="sqrt")])
 def test_a_loop_without_trip_count_refuses_a_schedule_that_needs_it(checkpoint: Any) -> None:
     with pytest.raises(torchscan.TorchscanValueError) as info:
         torchscan.loop(
@@ -785,10 +784,10 @@ def test_a_loop_without_trip_count_refuses_a_schedule_that_needs_it(checkpoint: 
             torch.zeros(2, requires_grad=True),
             checkpoint=checkpoint,
         )
-    shown = '"sqrt"' if checkpoint == "sqrt" else repr(checkpoint)
     assert str(info.value) == (
-        f"torchscan.loop: checkpoint={shown} needs the number of iterations, but trip_count is "
-        "None (the loop ends at until). Give trip_count= (the most iterations), or "
+        'torchscan.loop: checkpoint="sqrt" needs the number of iterations, but trip_count is '
+        "None (the loop ends at until). Give trip_count= (the most iterations), "
+        "checkpoint=Checkpoint(snapshots=c) (c carries placed as the iterations run), or "
         "checkpoint=k, which keeps a carry every k iterations however many run."
     )
 
@@ -800,3 +799,246 @@ def test_a_loop_that_could_never_end_is_refused_as_without_checkpoint() -> None:
         return str(info.value)
 
     assert run(checkpoint=3) == run()
+
+
+# ---------------------------------------------------------------------------------------------
+# the online schedule: a loop that ends at until, with Checkpoint(snapshots=c)
+
+
+def _online_case(kind: str, stop_at: int, **kw: Any) -> list[torch.Tensor]:
+    """Values and gradients of a loop without trip_count whose body is of ``kind``."""
+    torch.manual_seed(0)
+    w = _weights()
+    xs, h0 = _inputs()
+    W2 = w["W"] * 2  # a captured tensor with a history of its own
+    cell = torch.nn.GRUCell(H, H).double()
+    counter = torch.zeros((), dtype=torch.int64)
+
+    def body(i, carry):
+        h, n = carry
+        x = xs[i % T]
+        if kind == "elman":
+            h = torch.tanh(x @ w["W"] + h @ w["U"])
+        elif kind == "captured history":
+            h = torch.tanh(x @ W2 + h @ w["U"])
+        elif kind == "reads init":
+            h = torch.tanh(x @ w["W"] + h @ w["U"] + h0 * 0.1)
+        elif kind == "module":
+            h = cell(x, h)
+        elif kind == "dropout":
+            h = torch.nn.functional.dropout(torch.tanh(x @ w["W"] + h @ w["U"]), 0.3)
+        y = None if kind == "no ys" else {"y": h @ w["V"], "i": i}
+        if kind == "no ys":
+            h = torch.tanh(x @ w["W"] + h @ w["U"])
+        return (h, n + 1), y, torchscan.until(i >= stop_at)
+
+    (h, n), ys = torchscan.loop(body, (h0, counter), **kw)
+    loss = h.sum()
+    outputs = [h.detach(), n]
+    if ys is not None:
+        loss = loss + (ys["y"] * torch.linspace(0.5, 1.5, ys["y"].numel()).view_as(ys["y"])).sum()
+        outputs += [ys["y"].detach(), ys["i"]]
+    inputs = [xs, h0, *w.values(), *cell.parameters()]
+    grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+    return outputs + [torch.zeros(()) if g is None else g for g in grads]
+
+
+@pytest.mark.parametrize("snapshots", [0, 1, 2, 5])
+@pytest.mark.parametrize(
+    "kind", ["elman", "captured history", "reads init", "module", "dropout", "no ys"]
+)
+@pytest.mark.parametrize("stop_at", [0, 1, 13, 50])
+def test_a_loop_that_ends_at_until_takes_the_online_schedule_with_the_same_gradients(
+    kind: str, snapshots: int, stop_at: int
+) -> None:
+    expected = _online_case(kind, stop_at)
+    got = _online_case(kind, stop_at, checkpoint=Checkpoint(snapshots=snapshots))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12)  # (shapes and dtypes too)
+
+
+@pytest.mark.parametrize("snapshots", [0, 1, 2, 3, 5])
+def test_the_online_schedule_runs_no_more_iterations_than_equinox_s(snapshots: int) -> None:
+    U = torch.randn(H, H, dtype=torch.float64, requires_grad=True)
+    slots = snapshots + 1
+    optimal_up_to = (slots + 1) * (slots + 2) // 2 - 1  # Stumm and Walther's bound
+    calls = [0]
+    for n in [*range(1, 30), 60, 150]:
+        calls[0] = 0
+
+        def body(i, h, n=n):
+            calls[0] += 1
+            return torch.tanh(h @ U), None, torchscan.until(i >= n - 1)
+
+        h, _ = torchscan.loop(
+            body, torch.ones(B, H, dtype=torch.float64), checkpoint=Checkpoint(snapshots=snapshots)
+        )
+        forward = calls[0]
+        h.sum().backward()
+        equinox, most = equinox_online(slots, n)
+        assert forward == n
+        assert most <= slots
+        assert calls[0] <= equinox, (n, calls[0], equinox)
+        if n <= optimal_up_to:
+            assert calls[0] == equinox, n
+            # what it cannot know: the last iteration is the last (once or twice more than
+            # the binomial schedule of a known length)
+            assert calls[0] - _revolve_evaluations(n, snapshots) in (1, 2), n
+
+
+def _kept_after_online_loop(n: int, snapshots: int | None) -> int:
+    """The bytes that the forward pass of a loop ending at until after ``n`` iterations leaves
+    alive, besides its outputs."""
+    w = _weights()
+    h0 = torch.zeros(B, H, dtype=torch.float64, requires_grad=True)
+
+    def body(i, h):
+        gate = torch.sigmoid(h @ w["W"] + 0.1)
+        return gate * torch.tanh(h @ w["V"]), None, torchscan.until(i >= n - 1)
+
+    checkpoint = None if snapshots is None else Checkpoint(snapshots=snapshots)
+    torchscan.loop(body, h0, checkpoint=checkpoint)[0].sum().backward()
+    gc.collect()
+    old = {id(t) for t in gc.get_objects() if type(t) in _TENSORS}
+    h, _ = torchscan.loop(body, h0, checkpoint=checkpoint)
+    gc.collect()
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in gc.get_objects()
+        if type(t) in _TENSORS and id(t) not in old
+    }
+    return sum(size for address, size in storages.items() if address != h.data_ptr())
+
+
+@pytest.mark.parametrize("snapshots", [1, 3])
+def test_the_online_schedule_keeps_c_carries_whatever_the_length(snapshots: int) -> None:
+    for n in (30, 200):
+        assert _kept_after_online_loop(n, snapshots) <= snapshots * CARRY, n
+    assert _kept_after_online_loop(200, None) > 200 * CARRY
+
+
+def test_the_online_schedule_refuses_second_derivatives() -> None:
+    U = torch.randn(H, H, dtype=torch.float64, requires_grad=True)
+
+    def body(i, h):  # second
+        return torch.tanh(h @ U), None, torchscan.until(i >= 4)
+
+    h, _ = torchscan.loop(
+        body, torch.ones(B, H, dtype=torch.float64), checkpoint=Checkpoint(snapshots=2)
+    )
+    with pytest.raises(torchscan.TorchscanValueError) as info:
+        torch.autograd.grad(h.sum(), U, create_graph=True)
+    assert str(info.value) == (
+        "torchscan.loop: body (test_the_online_schedule_refuses_second_derivatives.<locals>."
+        f"body), {__file__}:{_line('def body(i, h):  # second')}: "
+        "checkpoint=Checkpoint(snapshots=...) over a loop that ends at until takes no second "
+        "derivatives (backward with create_graph=True). Give trip_count= (the most "
+        "iterations) for the binomial schedule, which does."
+    )
+
+
+def test_the_online_schedule_refuses_a_read_it_could_not_see() -> None:
+    """A tensor read where no torch function mode sees it (here, with torch functions turned
+    off) would get no gradient: the backward pass refuses it, naming the body's line."""
+    U = torch.randn(H, H, dtype=torch.float64, requires_grad=True)
+    h0 = torch.ones(B, H, dtype=torch.float64, requires_grad=True)
+
+    def hidden(h):
+        with torch._C.DisableTorchFunction():
+            return h @ U
+
+    def body(i, h):  # hidden
+        return torch.tanh(hidden(h)), None, torchscan.until(i >= 4)
+
+    h, _ = torchscan.loop(body, h0, checkpoint=Checkpoint(snapshots=2))
+    with pytest.raises(torchscan.TorchscanValueError) as info:
+        h.sum().backward()
+    assert str(info.value) == (
+        "torchscan.loop: body (test_the_online_schedule_refuses_a_read_it_could_not_see."
+        f"<locals>.body), {__file__}:{_line('# hidden')}: "
+        "checkpoint=Checkpoint(snapshots=...) over a loop that ends at until ran its body "
+        "without autograd and did not see it read a tensor that requires gradients (of shape "
+        f"({H}, {H})), so its gradient would be lost. Read it through torch functions in the "
+        "body (not in a compiled function), or give trip_count= for the binomial schedule."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile
+
+
+def _saved_bytes(run: Callable[[], torch.Tensor]) -> int:
+    """The bytes of the storages that autograd's saved-tensor hooks see the forward pass of
+    ``run`` save."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = run()
+    loss.backward()
+    return sum(seen.values())
+
+
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.parametrize("api", ["scan", "loop with until"])
+@pytest.mark.parametrize("checkpoint", ["sqrt", Checkpoint(snapshots=2)], ids=["sqrt", "binomial"])
+def test_under_torch_compile_it_runs_checkpointed_outside_the_graph(api: str, checkpoint) -> None:
+    """torch's loop operator keeps every step's intermediate values: a checkpointed scan or loop
+    runs outside the compiled graph, with the gradients and the memory of the eager run."""
+    if api == "loop with until" and checkpoint == "sqrt":
+        checkpoint = 3  # (sqrt needs trip_count)
+    torch.manual_seed(0)
+    n, batch, hidden = 100, 8, 32  # activations over the sequence larger than its inputs
+    cell = torch.nn.GRUCell(hidden, hidden).double()
+    xs = torch.randn(n, batch, hidden, dtype=torch.float64)
+    h0 = torch.randn(batch, hidden, dtype=torch.float64, requires_grad=True)
+
+    def run(h0: torch.Tensor, xs: torch.Tensor, **kw: Any) -> torch.Tensor:
+        h0 = h0 * 2  # compiled work before and after
+        if api == "scan":
+            h, ys = torchscan.scan(lambda h, x: (cell(x, h),) * 2, h0, xs, **kw)
+        else:
+
+            def body(i, h):
+                h = cell(xs[i], h)
+                return h, h, torchscan.until(i >= n - 1)
+
+            h, ys = torchscan.loop(body, h0, **kw)
+        return (h.sum() + ys.pow(2).sum()) * 3
+
+    inputs = [h0, *cell.parameters()]
+    expected = torch.autograd.grad(run(h0, xs), inputs)
+    compiled = torch.compile(run)
+    got = torch.autograd.grad(compiled(h0, xs, checkpoint=checkpoint), inputs)
+    torch.testing.assert_close(got, expected)
+    kept = _saved_bytes(lambda: compiled(h0, xs, checkpoint=checkpoint))
+    assert kept == _saved_bytes(lambda: run(h0, xs, checkpoint=checkpoint))
+    # (what is saved includes xs and the storage of ys, which the run keeps anyway)
+    assert kept < _saved_bytes(lambda: compiled(h0, xs)) / 3
+
+
+@pytest.mark.parametrize("api", ["scan", "loop"])
+def test_under_fullgraph_the_graph_break_says_why(api: str) -> None:
+    W = torch.randn(H, H, requires_grad=True)
+
+    def run(xs: torch.Tensor) -> torch.Tensor:
+        if api == "scan":
+            step = lambda h, x: (torch.tanh(h @ W + x),) * 2  # noqa: E731
+            return torchscan.scan(step, torch.zeros(B, H), xs, checkpoint="sqrt")[0]
+        body = lambda i, h: (torch.tanh(h @ W + xs[0] * i), None)  # noqa: E731
+        return torchscan.loop(body, torch.zeros(B, H), trip_count=T, checkpoint=2)[0]
+
+    with pytest.raises(Exception, match="Skip calling") as info:
+        torch.compile(run, backend="eager", fullgraph=True)(torch.randn(T, B, H))
+    name = "scan" if api == "scan" else "loop"
+    assert (
+        f"torchscan.{name} with checkpoint= runs outside the compiled graph where autograd records "
+        "(torch's loop operator keeps every step's intermediate values); with fullgraph=True, "
+        "leave checkpoint= out, or run the loop under torch.no_grad()"
+    ) in str(info.value)
+    with torch.no_grad():  # one graph
+        torch.compile(run, backend="eager", fullgraph=True)(torch.randn(T, B, H))

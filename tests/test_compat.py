@@ -262,3 +262,32 @@ def test_the_mark_of_untraced_functions_is_torch_dynamos() -> None:
     torch._dynamo.assume_constant_result(dynamos)
     assert _compat.run_untraced_by_dynamo(ours) is ours
     assert vars(ours) == vars(dynamos) == {_compat.DYNAMO_CONSTANT_MARK: True}
+
+
+def test_torch_s_scan_still_needs_a_dense_gradient_of_its_final_carry() -> None:
+    """torch's own ``scan`` under Inductor, with ``h.sum()`` computed in the compiled function:
+    the weight's gradient is wrong, and right with ``_compat.dense_gradient`` on the final carry.
+    When a torch release fixes it, this fails: the workaround can then go for that release."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    W = torch.randn(4, 4, requires_grad=True)
+    h0, xs = torch.randn(3, 4), torch.randn(6, 3, 4)
+
+    def step(h, x):
+        h = torch.tanh(h @ W + x)
+        return h.clone(), h.clone()
+
+    h = h0
+    for x in xs:
+        h, _ = step(h, x)
+    expected = torch.autograd.grad(h.sum(), W)[0]
+
+    def gradient(final) -> torch.Tensor:
+        torch._dynamo.reset()
+        run = torch.compile(lambda h, xs: final(_compat.scan_operator()(step, h, xs)[0]).sum())
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            return torch.autograd.grad(run(h0, xs), W)[0]
+
+    torch.testing.assert_close(gradient(_compat.dense_gradient), expected)
+    assert (gradient(lambda h: h) - expected).abs().max() > 1.0, "torch's scan now gets it right"

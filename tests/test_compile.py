@@ -399,6 +399,67 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
     return compile_fx(gm, example_inputs)
 
 
+def _cells() -> dict[str, Any]:
+    torch.manual_seed(0)
+    gru, lstm, W = torch.nn.GRUCell(4, 4), torch.nn.LSTMCell(4, 4), torch.randn(4, 4) / 2
+
+    def elman(h, x):
+        h = torch.tanh(h @ W + x)
+        return h, h
+
+    return {
+        "elman": (elman, torch.randn(3, 4), [W.requires_grad_()]),
+        "GRUCell": (lambda h, x: (gru(x, h),) * 2, torch.zeros(3, 4), list(gru.parameters())),
+        "LSTMCell": (
+            lambda hc, x: (lstm(x, hc), lstm(x, hc)[0] * 2),
+            (torch.zeros(3, 4), torch.zeros(3, 4)),
+            list(lstm.parameters()),
+        ),
+    }
+
+
+_LOSSES = {
+    "h.sum()": lambda h, ys: sum(t.sum() for t in pytree.tree_leaves(h)),
+    "h.sum() + ys.sum()": lambda h, ys: sum(t.sum() for t in pytree.tree_leaves(h)) + ys.sum(),
+    "ys.pow(2).mean()": lambda h, ys: ys.pow(2).mean(),
+}
+
+
+@pytest.mark.parametrize(
+    ("cell", "loss"),
+    [("elman", name) for name in _LOSSES] + [("GRUCell", "h.sum()"), ("LSTMCell", "h.sum()")],
+)
+def test_a_loss_computed_in_the_compiled_function_gets_the_python_loop_s_gradients(
+    cell: str, loss: str
+) -> None:
+    """``h.sum()`` in the compiled function passes a broadcast gradient back to the final carry,
+    for which torch's loop operator computes wrong gradients under Inductor (off by 62 for
+    this Elman; ``_compat.dense_gradient``)."""
+    step, init, weights = _cells()[cell]
+    xs = torch.randn(6, 3, 4)
+
+    def run(h, xs):
+        return _LOSSES[loss](*torchscan.scan(step, h, xs))
+
+    def python_loop(h, xs):
+        ys = []
+        for x in xs:
+            h, y = step(h, x)
+            ys.append(y)
+        return _LOSSES[loss](h, torch.stack(ys))
+
+    recorder = GraphRecorder()
+
+    def backend(gm, example_inputs):
+        recorder(gm, example_inputs)
+        return _inductor(gm, example_inputs)
+
+    actual = torch.autograd.grad(compiled(run, backend)(init, xs), weights)
+    expected = torch.autograd.grad(python_loop(init, xs), weights)
+    torch.testing.assert_close(actual, expected)
+    assert recorder.loop_operators()
+
+
 def test_gradients_through_int_and_bool_leaves_match_eager() -> None:
     xs = torch.randn(6, 4, requires_grad=True)
 

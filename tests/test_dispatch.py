@@ -108,7 +108,32 @@ def _kept_without_autograd() -> None:
 
 def _kept_compiled() -> None:
     torch._dynamo.reset()
-    torch.compile(lambda xs: _scan(xs, checkpoint=2), backend="eager", fullgraph=True)(_xs())
+    with torch.no_grad():
+        torch.compile(lambda xs: _scan(xs, checkpoint=2), backend="eager", fullgraph=True)(_xs())
+
+
+def _kept_compiled_training() -> None:
+    torch._dynamo.reset()
+    xs = _xs().requires_grad_()
+    torch.compile(lambda xs: _scan(xs, checkpoint=2, hoist=False), backend="eager")(
+        xs
+    ).sum().backward()
+
+
+def _kept_loop_compiled_training() -> None:
+    torch._dynamo.reset()
+    xs = _xs().requires_grad_()
+
+    def run(xs: torch.Tensor) -> torch.Tensor:
+        h, _ = torchscan.loop(
+            lambda i, h: (torch.tanh(xs[i] @ W + h), None),
+            torch.zeros(B, H),
+            trip_count=T,
+            checkpoint=4,
+        )
+        return h
+
+    torch.compile(run, backend="eager")(xs).sum().backward()
 
 
 def _kept_vmapped() -> None:
@@ -157,7 +182,18 @@ ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
     # again in backward without being chosen again
     "checkpoint=2, hoisted": (_kept_hoisted, ["checkpointed"] + ["hoisted"] * 4, "loop"),
     "checkpoint=2, no_grad": (_kept_without_autograd, ["eager"], ""),
-    "checkpoint=2, torch.compile": (_kept_compiled, ["compiled"], ""),
+    "checkpoint=2, torch.compile, no_grad": (_kept_compiled, ["compiled"], ""),
+    # outside the compiled graph: as "checkpoint=2"
+    "checkpoint=2, torch.compile": (
+        _kept_compiled_training,
+        ["checkpointed"] + ["eager"] * 8,
+        "",
+    ),
+    "loop, checkpoint=4, torch.compile": (
+        _kept_loop_compiled_training,
+        ["checkpointed"] + ["eager"] * 4,
+        "",
+    ),
     "checkpoint=2, vmap": (_kept_vmapped, ["eager"], ""),
     "checkpoint=2, torch.export": (_kept_exported, ["traced"], ""),
     # two segments of loops (4 and 2 iterations), then again in backward
@@ -165,6 +201,8 @@ ROUTES: dict[str, tuple[Callable[[], Any], list[str], str]] = {
 }
 
 
+# (TorchDynamo reads .grad of the non-leaf tensors a graph resumes with, after a graph break)
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
 @pytest.mark.parametrize("context", ROUTES, ids=list(ROUTES))
 def test_each_context_gets_its_strategy(context: str, monkeypatch: pytest.MonkeyPatch) -> None:
     run, strategies, hoisted = ROUTES[context]

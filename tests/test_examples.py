@@ -25,6 +25,7 @@ BENCHMARKS = {
         "1",
         "--snapshots",
         "2",
+        "--rss",
     ],
     "bidirectional.py": ["--T", "5", "--B", "3", "--F", "3", "--H", "4", "--repeats", "1"],
     "copies.py": ["--T", "8", "--B", "2", "--H", "2", "--D", "4", "--repeats", "1"],
@@ -45,7 +46,7 @@ BENCHMARKS = {
 # suite.py prints several tables (--quick: 3 cells, 2 lengths, 1 hidden size, 2 thread settings)
 ROWS = {
     "autoloop.py": 5 * 2,  # 5 models, 2 modes
-    "checkpoint.py": 2 * 2 * 5,  # 2 cells, 2 lengths, 5 implementations
+    "checkpoint.py": 2 * 2 * (5 + 3),  # 2 cells, 2 lengths, 5 scans and 3 loops
     "bidirectional.py": 2 * 3 + 2,  # eager: 2 modes, 3 implementations; onnxruntime: 2 graphs
     "copies.py": 3 * 4,  # 3 modes, 2 loops with and without copies
     "eager_scan.py": 9,

@@ -48,7 +48,11 @@ class Checkpoint:
     Griewank's binomial schedule (``revolve``): the fewest steps run again that ``c`` carries
     allow, about ``r`` evaluations of each step where ``n`` is about ``c**r / r!`` (``r`` the
     least with ``n <= comb(c + 1 + r, r)``). It is the schedule for a tight memory budget: with
-    ``c = 10``, 16,000 steps cost under 7 evaluations each.
+    ``c = 10``, 16,000 steps cost under 7 evaluations each. Over a ``loop`` that only ``until``
+    ends, whose length is known at its end, the ``c`` carries are placed as the iterations run
+    (the online schedule of Stumm and Walther, then Wang and Moin, as equinox's
+    ``checkpointed_while_loop`` places them) and each run between two of them is reversed by the
+    binomial schedule.
 
     As in the Python version, the steps run again draw the random numbers they drew the first
     time, and the gradients are those of the scan without checkpointing (the same operations on
@@ -167,3 +171,79 @@ def repetitions(length: int, snapshots: int) -> int:
 
 def _beta(s: int, r: int) -> int:
     return 0 if r < 0 else math.comb(s + r, s)
+
+
+class OnlinePlacement:
+    """Where the forward pass of a loop whose number of iterations is known only at its end keeps
+    its carries: ``slots`` places, the first holding the carry before step 0.
+
+    For its first ``(slots + 1) * (slots + 2) / 2 - 1`` steps, Stumm and Walther's Algorithm I
+    ("New algorithms for optimal online checkpointing", SIAM J. Sci. Comput. 32(2), 2010), whose
+    reversal then costs what the binomial schedule of a known length does; after them, Wang and
+    Moin's dynamic checkpointing ("Minimal repetition dynamic checkpointing algorithm for
+    unsteady adjoint calculation", SIAM J. Sci. Comput. 31(4), 2009), which keeps a carry at
+    every step in place of one its levels make dispensable. The placement depends on the step
+    numbers alone, as equinox's ``checkpointed_while_loop`` computes it.
+
+    Call :meth:`slot` with steps 0, 1, 2, ... in order: the place to keep the carry from before
+    that step in (over what was there), or ``None``.
+    """
+
+    _NEVER = 1 << 62  # the step of a place that holds nothing yet (after every real step)
+
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, not {slots}")
+        self.slots = slots
+        self.switch = (slots + 1) * (slots + 2) // 2 - 1
+        self.next_step = 0
+        self.i, self.o, self.p, self.s = 0, slots, slots, True  # Algorithm I's state
+        self.levels = [self._NEVER] + [0] * (slots - 1)  # the first place is never dispensable
+        self.dispensable = [False] * slots
+        self.steps = [self._NEVER] * slots  # the step whose carry each place holds
+
+    def slot(self, step: int) -> int | None:
+        """The place for the carry from before ``step`` (the next step in order), or None."""
+        if step != self.next_step:
+            raise ValueError(f"steps are placed in order: {self.next_step} next, not {step}")
+        self.next_step += 1
+        place = self._stumm_walther(step) if step < self.switch else self._wang_moin()
+        if place is not None:
+            self.steps[place] = step
+        return place
+
+    def _stumm_walther(self, step: int) -> int | None:
+        i, o, p, s = self.i, self.o, self.p, self.s
+        place = i if s else None
+        if s:
+            i += 1
+            if i > o:
+                i = 1
+        if step + 1 == p:
+            s = False
+        if step == p:
+            p, o = p + o, o - 1
+            i, s = o, o > 0
+        self.i, self.o, self.p, self.s = i, o, p, s
+        return place
+
+    def _wang_moin(self) -> int | None:
+        if self.slots == 1:  # the one place holds the first carry
+            return None
+        steps, levels = self.steps, self.levels
+        if any(self.dispensable):
+            # the latest dispensable carry gives its place, at level 0
+            place = max(
+                (j for j in range(self.slots) if self.dispensable[j]), key=lambda j: steps[j]
+            )
+            level = 0
+            self.dispensable[place] = False
+        else:
+            # the latest carry gives its place a level up; those of lower levels are dispensable
+            place = max(range(self.slots), key=lambda j: (steps[j], -j))
+            level = levels[place] + 1
+            self.dispensable = [
+                d or levels[j] < levels[place] for j, d in enumerate(self.dispensable)
+            ]
+        levels[place] = level
+        return place

@@ -48,14 +48,17 @@ def loop(plan: LoopPlan, run: Runner) -> tuple[Any, Any]:
     total = None if plan.trip_count is None else max(int(plan.trip_count), 0)
     policy = plan.checkpoint
     assert policy is not None
-    if total is None and (policy.snapshots is not None or policy.every == "sqrt"):
+    if total is None and policy.every == "sqrt":
         raise TorchscanValueError(
             f"{plan.protocol.api}: checkpoint={_shown(plan.checkpoint)} needs the number of "
             "iterations, but trip_count is None (the loop ends at until). Give trip_count= "
-            "(the most iterations), or checkpoint=k, which keeps a carry every k iterations "
+            "(the most iterations), checkpoint=Checkpoint(snapshots=c) (c carries placed "
+            "as the iterations run), or checkpoint=k, which keeps a carry every k iterations "
             "however many run."
         )
     segments = _LoopSegments(plan, run)
+    if total is None and policy.snapshots is not None:
+        return _online(segments, policy.snapshots)
     carry, pieces = _schedule(segments, total)
     return carry, segments.join(pieces)
 
@@ -497,3 +500,275 @@ class _Recomputed(torch.autograd.Function):
             for i, g in zip(wanted, got, strict=True):
                 found[i] = g
         return (None, None, *found)
+
+
+# ---------------------------------------------------------------------------------------------
+# The online schedule: a loop that ends at ``until``, with Checkpoint(snapshots=c)
+
+ONLINE_CHUNK = 64
+"""The most iterations the forward pass of the online schedule runs as one loop between two
+carries it keeps (where none is kept for long, with one place)."""
+
+
+@dataclasses.dataclass
+class _Snapshot:
+    """A carry kept for the backward pass: its step, its leaves, and the random generators'
+    states before that step (``None`` where the loop draws no random number)."""
+
+    step: int
+    leaves: list[Any]
+    states: tuple[torch.Tensor, list[torch.Tensor]] | None
+
+
+def _online(segments: _LoopSegments, snapshots: int) -> tuple[Any, Any]:
+    """``(carry, ys)`` of a loop that ends at ``until`` with ``Checkpoint(snapshots=c)``.
+
+    The forward pass runs without autograd, keeping at most ``c`` carries besides ``init`` where
+    :class:`torchscan._checkpoint.OnlinePlacement` places them as the iterations run, and notes
+    the tensors requiring gradients that the body reads from outside (:class:`_Captured`). The
+    result is a function of ``init``'s tensors and of those (:class:`_Reversed`), whose
+    backward pass reverses each run of iterations between two kept carries by the binomial
+    schedule, with the places the carries before it leave free."""
+    plan = segments.plan
+    placement = _checkpoint.OnlinePlacement(snapshots + 1)
+    devices = segments.devices
+    before = _states(devices)
+    kept: dict[int, _Snapshot] = {}
+    carry, pieces, step = plan.carry.init, [], 0
+    found = _Captured()
+    with torch.no_grad(), found:
+        first = placement.slot(0)
+        assert first == 0
+        kept[0] = _Snapshot(0, list(plan.carry.leaves), before)
+        while True:
+            end, place = step + 1, placement.slot(step + 1)
+            while place is None and end - step < ONLINE_CHUNK:
+                end += 1
+                place = placement.slot(end)
+            carry, ys = segments.run(carry, step, end)
+            pieces.append(ys)
+            if segments.stop is not None:
+                break
+            step = end
+            if place is not None:
+                kept[place] = _Snapshot(end, _pytree.tree_flatten(carry)[0], _states(devices))
+    assert segments.stop is not None  # only a loop that ends at until has no trip_count
+    if _same_states(before, _states(devices)):
+        for snapshot in kept.values():
+            snapshot.states = None
+    ys = segments.join(pieces)
+    reversal = _Reversal(segments, sorted(kept.values(), key=lambda k: k.step), snapshots + 1)
+    reversal.length = segments.stop + 1
+    carry_leaves, carry_spec = _pytree.tree_flatten(carry)
+    ys_leaves, ys_spec = _pytree.tree_flatten(ys)
+    inputs = [t for t in plan.carry.leaves if isinstance(t, torch.Tensor)]
+    reversal.captured = list(found.tensors.values())
+    reversal.n_carry = len(carry_leaves)
+    reversal.ys_present = [isinstance(t, torch.Tensor) for t in ys_leaves]
+    outputs = [t for t in (*carry_leaves, *ys_leaves) if isinstance(t, torch.Tensor)]
+    given = {id(t) for t in (*inputs, *reversal.captured)}
+    outputs = [t.clone() if t._is_view() or id(t) in given else t for t in outputs]
+    results = iter(_Reversed.apply(reversal, outputs, *inputs, *reversal.captured))
+    carry_leaves = [next(results) if isinstance(t, torch.Tensor) else t for t in carry_leaves]
+    ys_leaves = [next(results) if isinstance(t, torch.Tensor) else t for t in ys_leaves]
+    return (
+        _pytree.tree_unflatten(carry_leaves, carry_spec),
+        _pytree.tree_unflatten(ys_leaves, ys_spec),
+    )
+
+
+class _Captured(torch.overrides.TorchFunctionMode):
+    """Notes every tensor requiring gradients that a torch function or method is given while
+    the forward pass runs without autograd, where nothing the body computes requires them: the
+    tensors the body reads from outside (weights, and ``init``'s leaves as its first carry)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tensors: dict[int, torch.Tensor] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        self._note(args)
+        if kwargs:
+            self._note(tuple(kwargs.values()))
+        return func(*args, **kwargs)
+
+    def _note(self, values: Any) -> None:
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                if value.requires_grad:
+                    self.tensors.setdefault(id(value), value)
+            elif isinstance(value, (tuple, list)):
+                self._note(value)
+            elif isinstance(value, dict):
+                self._note(tuple(value.values()))
+
+
+class _Reversal:
+    """The backward pass of :func:`_online`: the kept carries, and how to run iterations."""
+
+    def __init__(self, segments: _LoopSegments, kept: list[_Snapshot], slots: int) -> None:
+        self.segments, self.kept, self.slots = segments, kept, slots
+        self.length = 0
+        self.captured: list[torch.Tensor] = []
+        self.n_carry = 0
+        self.ys_present: list[bool] = []
+        self.checked = False
+        self.runs = 0  # iterations run in the backward pass (for the benchmarks)
+
+    def backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
+        """The gradients of ``init``'s tensors and of the captured tensors, from those of the
+        final carry's tensors and of the ``ys`` tensors (``grads``)."""
+        plan = self.segments.plan
+        leaves = plan.carry.leaves
+        it = iter(grads)  # (the final carry has the tensors where init has them)
+        cotangent = [next(it) if isinstance(t, torch.Tensor) else None for t in leaves]
+        self.ys_grads = [next(it) if present else None for present in self.ys_present]
+        self.found: list[torch.Tensor | None] = [None] * len(self.captured)
+        random = self.kept[0].states is not None
+        with (
+            torch.random.fork_rng(devices=self.segments.devices)
+            if random
+            else contextlib.nullcontext()
+        ):
+            end = self.length
+            for j in range(len(self.kept) - 1, -1, -1):
+                start = self.kept[j]
+                cotangent = self._reverse(start, end, self.slots - (j + 1), cotangent)
+                end = start.step
+        return [
+            g for g, t in zip(cotangent, leaves, strict=True) if isinstance(t, torch.Tensor)
+        ] + self.found
+
+    def _reverse(
+        self, start: _Snapshot, stop: int, free: int, cotangent: list[torch.Tensor | None]
+    ) -> list[torch.Tensor | None]:
+        """The cotangent of the carry at ``start`` from that of the carry at ``stop``: the
+        binomial schedule over the iterations between, with ``free`` places to keep carries."""
+        while stop - start.step > 1:
+            middle = start.step + _checkpoint.binomial_split(stop - start.step, free)
+            cotangent = self._reverse(
+                self._advance(start, middle), stop, max(free - 1, 0), cotangent
+            )
+            stop = middle
+        return self._turn(start, cotangent)
+
+    def _restore(self, snapshot: _Snapshot) -> None:
+        if snapshot.states is not None:
+            cpu, cuda = snapshot.states
+            torch.set_rng_state(cpu)
+            for device, state in zip(self.segments.devices, cuda, strict=True):
+                torch.cuda.set_rng_state(state, device)
+
+    def _carry(self, leaves: list[Any]) -> Any:
+        return _pytree.tree_unflatten(leaves, self.segments.plan.carry.spec)
+
+    def _advance(self, start: _Snapshot, stop: int) -> _Snapshot:
+        """The carry at ``stop``, run without autograd from ``start``."""
+        self._restore(start)
+        with torch.no_grad():
+            carry, _ = self.segments.run(self._carry(start.leaves), start.step, stop)
+        self.runs += stop - start.step
+        states = None if start.states is None else _states(self.segments.devices)
+        return _Snapshot(stop, _pytree.tree_flatten(carry)[0], states)
+
+    def _turn(
+        self, start: _Snapshot, cotangent: list[torch.Tensor | None]
+    ) -> list[torch.Tensor | None]:
+        """The cotangent of the carry at ``start`` from that of the carry after its iteration
+        (and of its ``y``), the captured tensors' gradients added up."""
+        self._restore(start)
+        leaves = [
+            t.detach().requires_grad_()
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+            else t.detach()
+            if isinstance(t, torch.Tensor)
+            else t
+            for t in start.leaves
+        ]
+        with torch.enable_grad():
+            carry, ys = self.segments.run(self._carry(leaves), start.step, start.step + 1)
+        self.runs += 1
+        outputs, cotangents = [], []
+        for t, g in zip(_pytree.tree_flatten(carry)[0], cotangent, strict=True):
+            if g is not None and isinstance(t, torch.Tensor) and t.requires_grad:
+                outputs.append(t)
+                cotangents.append(g)
+        for t, g in zip(_pytree.tree_flatten(ys)[0], self.ys_grads, strict=True):
+            if g is not None and isinstance(t, torch.Tensor) and t.requires_grad:
+                outputs.append(t)
+                cotangents.append(g.narrow(0, start.step, 1))
+        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        captured = [i for i, t in enumerate(self.captured) if t.requires_grad]
+        if not self.checked:
+            self.checked = True
+            self._check_reads(outputs, wanted)
+        if not outputs:
+            return [None] * len(leaves)
+        got = torch.autograd.grad(
+            outputs,
+            [*wanted, *(self.captured[i] for i in captured)],
+            cotangents,
+            allow_unused=True,
+        )
+        carried = iter(got[: len(wanted)])
+        for i, g in zip(captured, got[len(wanted) :], strict=True):
+            before = self.found[i]
+            if g is not None:
+                self.found[i] = g if before is None else before + g
+        return [
+            next(carried) if isinstance(t, torch.Tensor) and t.requires_grad else None
+            for t in leaves
+        ]
+
+    def _check_reads(self, outputs: list[torch.Tensor], carry: list[torch.Tensor]) -> None:
+        """Refuse an iteration whose gradients reach a tensor that the forward pass did not see
+        the body read (torch code that no torch function mode sees, such as a compiled
+        function): its gradient would be missing."""
+        known = {id(t) for t in (*carry, *self.captured)}
+        stops = {t.grad_fn for t in self.captured if t.grad_fn is not None}
+        seen: set[Any] = set()
+        todo: list[Any] = [o.grad_fn for o in outputs if o.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen or node in stops:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)
+            if variable is not None and id(variable) not in known:
+                raise self.segments._refusal(
+                    traceback.extract_stack(),
+                    "checkpoint=Checkpoint(snapshots=...) over a loop that ends at until ran its "
+                    "body without autograd and did not see it read a tensor that requires "
+                    f"gradients (of shape {tuple(variable.shape)}), so its gradient would be "
+                    "lost. Read it through torch functions in the body (not in a compiled "
+                    "function), or give trip_count= for the binomial schedule.",
+                )
+            todo.extend(next_node for next_node, _ in node.next_functions)
+
+
+class _Reversed(torch.autograd.Function):
+    """The outputs of a loop run without autograd (``outputs``), as a function of ``init``'s
+    tensors and of the tensors its body captures; the backward pass is ``reversal``'s."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, reversal: _Reversal, outputs: list[torch.Tensor], *inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.reversal = reversal
+        ctx.mark_non_differentiable(
+            *(t for t in outputs if not (t.is_floating_point() or t.is_complex()))
+        )
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        reversal = ctx.reversal
+        if torch.is_grad_enabled():
+            raise reversal.segments._refusal(
+                [],
+                "checkpoint=Checkpoint(snapshots=...) over a loop that ends at until takes no "
+                "second derivatives (backward with create_graph=True). Give trip_count= (the "
+                "most iterations) for the binomial schedule, which does.",
+            )
+        return (None, None, *reversal.backward(grads))

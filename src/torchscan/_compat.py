@@ -203,6 +203,35 @@ def scan_operator() -> Any:
     return scan
 
 
+class _DenseGradient(torch.autograd.Function):
+    """The identity, whose backward pass makes the gradient it passes on a dense tensor."""
+
+    @staticmethod
+    def forward(tensor: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return gradient.clone(memory_format=torch.contiguous_format)
+
+
+def dense_gradient(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, whose gradient reaches the loop operator that made it as a dense tensor.
+
+    Inductor's backward pass of torch's ``scan`` computes wrong gradients for everything before
+    the loop when the final carry's gradient is a broadcast tensor (of stride 0): what
+    ``h.sum()`` passes back, where the loss is computed in the compiled function (torch 2.13 to
+    2.15; ``tests/test_compat.py`` shows it on torch's own operator). Applied to the final carry
+    of a loop operator that records gradients, under ``torch.compile``."""
+    if not (tensor.requires_grad and (tensor.is_floating_point() or tensor.is_complex())):
+        return tensor
+    return _DenseGradient.apply(tensor)
+
+
 _DONATED_BUFFERS_BREAK_LOOPS = torch.__version__ < "2.15"
 
 

@@ -496,7 +496,8 @@ def run_scan(
     if hoist is not False:
         _hoist_in_this_compile()
     final, ys = _compat.scan_operator()(combine, carry, sequences, dim=0, reverse=reverse)
-    final, ys = carry_codec.decode(final[:n_carry]), y_codec.decode(ys)
+    final = [_compat.dense_gradient(t) for t in final[:n_carry]]
+    final, ys = carry_codec.decode(final), y_codec.decode(ys)
     if per_leaf is not None:
         axes, reverses = per_leaf
         kept = [(a, r) for a, r, p in zip(axes, reverses, y_flat.present, strict=True) if p]

@@ -87,9 +87,11 @@ def loop(
             ``True``.
         checkpoint: what the backward pass keeps of the iterations, and what it runs again, as
             in ``scan`` (see :class:`torchscan.Checkpoint`): an int ``k`` keeps the carry every
-            ``k`` iterations, however many run; ``"sqrt"`` and the binomial schedule
-            (``Checkpoint(snapshots=c)``) need ``trip_count``, and plan for all of its
-            iterations (a loop that stops earlier runs fewer again).
+            ``k`` iterations, however many run; ``"sqrt"`` needs ``trip_count``, and plans
+            for all of its iterations (a loop that stops earlier runs fewer again), as the
+            binomial schedule (``Checkpoint(snapshots=c)``) does where ``trip_count`` is given;
+            without it, that schedule places its ``c`` carries as the iterations run (the
+            online schedule of docs/loop.md).
 
     Returns:
         ``(carry, ys)``: the carry after the last iteration, and the ``y`` of every iteration
@@ -104,8 +106,9 @@ def loop(
             iteration; ``until`` is not the last item ``body`` returns.
         ValueError: the loop could never end (no ``trip_count`` and no ``until``); tensors of
             ``init`` on different devices; ``body`` changes ``i`` or its carry in place;
-            ``checkpoint`` is an int below 1, or ``"sqrt"`` or a binomial schedule without
-            ``trip_count``.
+            ``checkpoint`` is an int below 1, or ``"sqrt"`` without ``trip_count``; the
+            backward pass of the online schedule with ``create_graph=True``, or of a body that
+            reads a tensor requiring gradients where no torch function mode sees it.
 
     Example:
         Powers of two until one passes 100, at most 20:
@@ -117,6 +120,10 @@ def loop(
         >>> last, powers
         (tensor(128), tensor([ 1,  2,  4,  8, 16, 32, 64]))
     """
+    if _dispatch.checkpoints_outside_compile(checkpoint):
+        return _dispatch.run_outside_compile(
+            loop, body, init, trip_count=trip_count, cond=cond, checkpoint=checkpoint
+        )
     _checks.check_callable(_API, "body", body)
     _checks.check_parameters(
         _API,
@@ -176,3 +183,6 @@ def _check_cond(cond: Any) -> bool | torch.Tensor | None:
 
 def _is_bool(t: torch.Tensor) -> bool:
     return t.dtype == torch.bool
+
+
+_dispatch.register_api("torchscan.loop", loop)

@@ -271,6 +271,26 @@ def scan_in_order(
     aligns them with ``xs``. Exported, that is ``scan_output_directions`` 0 instead of 1.
     ``loop_operator=False`` keeps the steps as they are under ``torch.compile``, for a ``fn``
     that changes Python state (which torch's loop operators refuse)."""
+    if _dispatch.checkpoints_outside_compile(checkpoint):
+        return _dispatch.run_outside_compile(
+            scan_in_order,
+            fn,
+            init,
+            xs,
+            length=length,
+            axis=axis,
+            reverse=reverse,
+            realign=realign,
+            loop_operator=loop_operator,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            in_reverse=in_reverse,
+            out_reverse=out_reverse,
+            lengths=lengths,
+            batch_axis=batch_axis,
+            hoist=hoist,
+            checkpoint=checkpoint,
+        )
     options = None
     if (
         in_axes is None
@@ -369,3 +389,6 @@ _checked: dict[Any, ScanPlan] = {}
 :func:`torchscan._plan.arguments_key`: a call with arguments of the same key needs no checks
 (they read nothing else), only its values put into the plan."""
 _CHECKED_SIZE = 256
+
+
+_dispatch.register_api("torchscan.scan", scan_in_order)
