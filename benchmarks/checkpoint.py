@@ -288,6 +288,7 @@ def main() -> None:
     parser.add_argument("--cells", nargs="+", default=["GRU", "LSTM"])
     parser.add_argument("--plot", help="write kept memory against time to this PNG")
     parser.add_argument("--rss", action="store_true", help="measure peak resident memory too")
+    parser.add_argument("--tables", nargs="+", default=["scan", "loop"], choices=["scan", "loop"])
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -298,46 +299,48 @@ def main() -> None:
     results, loops = {}, {}
     for cell_name in args.cells:
         for length in args.T:
-            results[cell_name, length] = measure(cell_name, length, args)
-            loops[cell_name, length] = measure(cell_name, length, args, table="loop")
+            if "scan" in args.tables:
+                results[cell_name, length] = measure(cell_name, length, args)
+            if "loop" in args.tables:
+                loops[cell_name, length] = measure(cell_name, length, args, table="loop")
     print(
         f"forward + backward, B={args.B}, H={args.H}, 1 thread, median of {args.repeats}, "
         f"torch {torch.__version__}\n"
     )
     rss = " peak RSS (MiB) |" if args.rss else ""
-    print(
-        f"| cell | T | implementation | kept (MiB) |{rss} time (s) | steps run | kept ratio "
-        "| time ratio |"
-    )
-    print(f"| --- | ---: | --- | ---: |{' ---: |' if args.rss else ''} ---: | ---: | ---: | ---: |")
-    for (cell_name, length), record in results.items():
-        for name, row in record.items():
-            steps = str(row["steps"])
-            if "snapshots" in name:
-                steps += f" (optimum {revolve_evaluations(length, args.snapshots)})"
-            print(_row(cell_name, length, name, row, record["scan"], steps, args.rss))
-    print(
-        f"\nA loop that until ends after T iterations; equinox's count for {args.snapshots + 1} "
-        "checkpoints\n"
-    )
-    print(
-        f"| cell | T | implementation | kept (MiB) |{rss} time (s) | iterations run "
-        "| equinox's | revolve's optimum | kept ratio | time ratio |"
-    )
-    print(
-        f"| --- | ---: | --- | ---: |{' ---: |' if args.rss else ''} ---: | ---: | ---: | ---: "
-        "| ---: | ---: |"
-    )
-    for (cell_name, length), record in loops.items():
-        for name, row in record.items():
-            if "snapshots" in name:
-                equinox = str(equinox_online(args.snapshots + 1, length)[0])
-                optimum = str(revolve_evaluations(length, args.snapshots))
-            else:
-                equinox = optimum = "-"
-            steps = f"{row['steps']} | {equinox} | {optimum}"
-            print(_row(cell_name, length, name, row, record["loop"], steps, args.rss))
-    if args.plot:
+    align = " ---: |" if args.rss else ""
+    if results:
+        print(
+            f"| cell | T | implementation | kept (MiB) |{rss} time (s) | steps run | kept ratio "
+            "| time ratio |"
+        )
+        print(f"| --- | ---: | --- | ---: |{align} ---: | ---: | ---: | ---: |")
+        for (cell_name, length), record in results.items():
+            for name, row in record.items():
+                steps = str(row["steps"])
+                if "snapshots" in name:
+                    steps += f" (optimum {revolve_evaluations(length, args.snapshots)})"
+                print(_row(cell_name, length, name, row, record["scan"], steps, args.rss))
+    if loops:
+        print(
+            "\nA loop that until ends after T iterations; equinox's count for "
+            f"{args.snapshots + 1} checkpoints\n"
+        )
+        print(
+            f"| cell | T | implementation | kept (MiB) |{rss} time (s) | iterations run "
+            "| equinox's | revolve's optimum | kept ratio | time ratio |"
+        )
+        print(f"| --- | ---: | --- | ---: |{align} ---: | ---: | ---: | ---: | ---: | ---: |")
+        for (cell_name, length), record in loops.items():
+            for name, row in record.items():
+                if "snapshots" in name:
+                    equinox = str(equinox_online(args.snapshots + 1, length)[0])
+                    optimum = str(revolve_evaluations(length, args.snapshots))
+                else:
+                    equinox = optimum = "-"
+                steps = f"{row['steps']} | {equinox} | {optimum}"
+                print(_row(cell_name, length, name, row, record["loop"], steps, args.rss))
+    if args.plot and results:
         plot(results, args.plot)
 
 

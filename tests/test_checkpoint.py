@@ -1042,3 +1042,33 @@ def test_under_fullgraph_the_graph_break_says_why(api: str) -> None:
     ) in str(info.value)
     with torch.no_grad():  # one graph
         torch.compile(run, backend="eager", fullgraph=True)(torch.randn(T, B, H))
+
+
+def test_the_carries_segments_start_from_are_held_as_saved_tensors_alone() -> None:
+    """Saved-tensor hooks that move what they pack elsewhere (offloading) free the carries the
+    hoisted segments keep: nothing else holds them."""
+    w = _weights()
+    xs, h0 = _inputs()
+
+    def step(h, x):
+        return torch.tanh(x @ w["W"] + h @ w["U"]), h
+
+    for _ in range(3):  # hoisted from the third call
+        torchscan.scan(step, h0, xs, checkpoint=4)[0].sum().backward()
+    packed: list[weakref.ref] = []
+    store: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> int:
+        if t.shape == h0.shape and t is not h0:
+            packed.append(weakref.ref(t))
+        store.append(t.detach().clone().requires_grad_(t.requires_grad))
+        return len(store) - 1
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, store.__getitem__):
+        h, ys = torchscan.scan(step, h0, xs, checkpoint=4)
+    gc.collect()
+    assert len(packed) >= T // 4 - 1  # the carries after the first segment
+    assert [ref for ref in packed if ref() is not None and ref() is not h] == []
+    expected = torch.autograd.grad(h.sum() + ys.sum(), [w["U"]])
+    h, ys = torchscan.scan(step, h0, xs)
+    torch.testing.assert_close(expected, torch.autograd.grad(h.sum() + ys.sum(), [w["U"]]))

@@ -422,6 +422,10 @@ def _address(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
+def _no_step(*_: Any) -> None:
+    return None
+
+
 def _recomputed(
     plan: ScanPlan, hoisted: _hoist.Hoisted, captured: list[torch.Tensor], devices: list[int]
 ) -> tuple[Any, Any] | None:
@@ -431,13 +435,24 @@ def _recomputed(
     cannot batch it: from then on it is not hoisted)."""
     carry_leaves, xs_leaves = plan.carry.leaves, plan.xs_leaves
     inputs = [t for t in (*carry_leaves, *xs_leaves) if t is not None] + list(captured)
+    # What the backward pass runs again holds the plan without its tensors: they are the inputs
+    # saved for the backward pass, which saved-tensor hooks (offloading, an outer checkpoint)
+    # may free and bring back.
+    carry_present = [leaf is not None for leaf in carry_leaves]
+    xs_present = [leaf is not None for leaf in xs_leaves]
+    fn, user = plan.fn, plan.user
+    bare = dataclasses.replace(
+        plan, carry=plan.carry.of(None, []), xs_leaves=(), fn=_no_step, user=_no_step
+    )
 
     def run(*tensors: torch.Tensor) -> tuple[Any, Any] | None:
         given = iter(tensors)
-        carry = [None if leaf is None else next(given) for leaf in carry_leaves]
-        xs = tuple(None if leaf is None else next(given) for leaf in xs_leaves)
-        init = _pytree.tree_unflatten(carry, plan.carry.spec)
-        segment = dataclasses.replace(plan, carry=plan.carry.of(init, carry), xs_leaves=xs)
+        carry = [next(given) if present else None for present in carry_present]
+        xs = tuple(next(given) if present else None for present in xs_present)
+        init = _pytree.tree_unflatten(carry, bare.carry.spec)
+        segment = dataclasses.replace(
+            bare, fn=fn, user=user, carry=bare.carry.of(init, carry), xs_leaves=xs
+        )
         return _hoist.execute(segment, hoisted, list(given))
 
     again = _Again(run, devices)
