@@ -225,7 +225,52 @@ def check_compiled(program: Program) -> bool:
         torch._dynamo.reset()
     f32 = "float32" in program.source() or any(i.dtype == "float32" for i in program.inputs)
     assert_close([a.numpy() for a in actual], expected, "compiled", f32)
+    check_compiled_gradients(program, eager, inputs, f32)
     return True
+
+
+def check_compiled_gradients(
+    program: Program, eager: torch.nn.Module, inputs: list[torch.Tensor], f32: bool
+) -> None:
+    """The gradients of the float inputs of a loss computed in the compiled function (the sum
+    of every float output, as a training step computes its loss), against eager: what passes
+    a broadcast gradient back into the loop."""
+    wanted = [k for k, t in enumerate(inputs) if t.is_floating_point()]
+    if not wanted:
+        return
+
+    def loss(*tensors: torch.Tensor) -> torch.Tensor:
+        outputs = [t for t in leaves(eager(*tensors)) if t.is_floating_point()]
+        total = sum(t.double().sum() for t in outputs if t.requires_grad)
+        return total if isinstance(total, torch.Tensor) else torch.zeros((), dtype=torch.float64)
+
+    def gradients(run: Any) -> list[np.ndarray] | None:
+        given = [t.detach().requires_grad_(k in wanted) for k, t in enumerate(inputs)]
+        # (copies: a program may reshape a view of an input in place, which a leaf refuses)
+        value = run(*[t.clone() if t.requires_grad else t for t in given])
+        if not value.requires_grad:
+            return None
+        grads = torch.autograd.grad(value, [given[k] for k in wanted], allow_unused=True)
+        return [
+            np.zeros(tuple(inputs[k].shape), dtype=inputs[k].detach().numpy().dtype)
+            if g is None
+            else g.detach().numpy()
+            for k, g in zip(wanted, grads, strict=True)
+        ]
+
+    expected = gradients(loss)
+    if expected is None:
+        return
+    torch._dynamo.reset()
+    try:
+        with warnings.catch_warnings():
+            # TorchDynamo reads .grad of the non-leaf tensors a graph resumes with
+            warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not a leaf")
+            actual = gradients(torch.compile(loss))
+    finally:
+        torch._dynamo.reset()
+    assert actual is not None, "compiled: the loss records no gradient, eagerly it does"
+    assert_close(actual, [torch.from_numpy(e) for e in expected], "compiled gradients", f32)
 
 
 def check(program: Program, opset: int) -> None:
