@@ -192,8 +192,7 @@ class OnlinePlacement:
     _NEVER = 1 << 62  # the step of a place that holds nothing yet (after every real step)
 
     def __init__(self, slots: int) -> None:
-        if slots < 1:
-            raise ValueError(f"slots must be at least 1, not {slots}")
+        assert slots >= 1, slots
         self.slots = slots
         self.switch = (slots + 1) * (slots + 2) // 2 - 1
         self.next_step = 0
@@ -204,8 +203,7 @@ class OnlinePlacement:
 
     def slot(self, step: int) -> int | None:
         """The place for the carry from before ``step`` (the next step in order), or None."""
-        if step != self.next_step:
-            raise ValueError(f"steps are placed in order: {self.next_step} next, not {step}")
+        assert step == self.next_step, f"steps are placed in order: {self.next_step} next"
         self.next_step += 1
         place = self._stumm_walther(step) if step < self.switch else self._wang_moin()
         if place is not None:
