@@ -571,15 +571,17 @@ def _online(segments: _LoopSegments, snapshots: int) -> tuple[Any, Any]:
     if _same_states(before, _states(devices)):
         for snapshot in kept.values():
             snapshot.states = None
-    ys = segments.join(pieces)
-    reversal = _Reversal(segments, sorted(kept.values(), key=lambda k: k.step), snapshots + 1)
-    reversal.length = segments.stop + 1
     carry_leaves, carry_spec = _pytree.tree_flatten(carry)
-    ys_leaves, ys_spec = _pytree.tree_flatten(ys)
+    ys_leaves, ys_spec = _pytree.tree_flatten(segments.join(pieces))
     inputs = [t for t in plan.carry.leaves if isinstance(t, torch.Tensor)]
-    reversal.captured = list(found.tensors.values())
-    reversal.n_carry = len(carry_leaves)
-    reversal.ys_present = [isinstance(t, torch.Tensor) for t in ys_leaves]
+    reversal = _Reversal(
+        segments,
+        kept=sorted(kept.values(), key=lambda k: k.step),
+        slots=snapshots + 1,
+        length=segments.stop + 1,
+        captured=list(found.tensors.values()),
+        ys_present=[isinstance(t, torch.Tensor) for t in ys_leaves],
+    )
     outputs = [t for t in (*carry_leaves, *ys_leaves) if isinstance(t, torch.Tensor)]
     given = {id(t) for t in (*inputs, *reversal.captured)}
     outputs = [t.clone() if t._is_view() or id(t) in given else t for t in outputs]
@@ -619,17 +621,19 @@ class _Captured(torch.overrides.TorchFunctionMode):
                 self._note(tuple(value.values()))
 
 
+@dataclasses.dataclass
 class _Reversal:
-    """The backward pass of :func:`_online`: the kept carries, and how to run iterations."""
+    """The backward pass of :func:`_online`: how to run iterations (``segments``), the kept
+    carries in the order of their steps, the places for carries, the iterations that ran, the
+    tensors the body captures, and which leaves of ``ys`` are tensors."""
 
-    def __init__(self, segments: _LoopSegments, kept: list[_Snapshot], slots: int) -> None:
-        self.segments, self.kept, self.slots = segments, kept, slots
-        self.length = 0
-        self.captured: list[torch.Tensor] = []
-        self.n_carry = 0
-        self.ys_present: list[bool] = []
-        self.checked = False
-        self.runs = 0  # iterations run in the backward pass (for the benchmarks)
+    segments: _LoopSegments
+    kept: list[_Snapshot]
+    slots: int
+    length: int
+    captured: list[torch.Tensor]
+    ys_present: list[bool]
+    checked: bool = False  # whether the first iteration run again was checked (_check_reads)
 
     def backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
         """The gradients of ``init``'s tensors and of the captured tensors, from those of the
@@ -683,7 +687,6 @@ class _Reversal:
         self._restore(start)
         with torch.no_grad():
             carry, _ = self.segments.run(self._carry(start.leaves), start.step, stop)
-        self.runs += stop - start.step
         states = None if start.states is None else _states(self.segments.devices)
         return _Snapshot(stop, _pytree.tree_flatten(carry)[0], states)
 
@@ -703,7 +706,6 @@ class _Reversal:
         ]
         with torch.enable_grad():
             carry, ys = self.segments.run(self._carry(leaves), start.step, start.step + 1)
-        self.runs += 1
         outputs, cotangents = [], []
         for t, g in zip(_pytree.tree_flatten(carry)[0], cotangent, strict=True):
             if g is not None and isinstance(t, torch.Tensor) and t.requires_grad:
