@@ -142,6 +142,71 @@ def _case_unchanged_leaf(w, xs, h0, **kw):
     return torchscan.scan(step, (h0, h0 * 3), xs, **kw)
 
 
+def _case_weight_and_its_double(w, xs, h0, **kw):
+    W2 = w["W"] * 2  # read with W itself: W's gradient is not W2's twice over
+
+    def step(h, x):
+        h = torch.tanh(x @ W2 + x @ w["W"] + h @ w["U"])
+        return h, h @ w["V"]
+
+    return torchscan.scan(step, h0, xs, **kw)
+
+
+def _case_nested(w, xs, h0, **kw):
+    def step(h, x):
+        def inner(c, _):
+            return torch.tanh(c @ w["U"] + x @ w["W"]), None
+
+        c, _ = torchscan.scan(inner, h, None, length=3, **kw)  # (checkpointed as the outer)
+        return c, c @ w["V"]
+
+    return torchscan.scan(step, h0, xs, **kw)
+
+
+def _nested_over_captured(w, xs, h0, inner_kw, **kw):
+    W2 = w["W"] * 2  # the inner scan's init and xs: a tensor the step captures
+
+    def step(h, x):
+        def inner(c, row):
+            return torch.tanh(c * row + h.sum(0) + w["V"][0]), None
+
+        c, _ = torchscan.scan(inner, W2[0], W2, **inner_kw)
+        return torch.tanh(x @ w["W"] + h @ w["U"] + c), h
+
+    return torchscan.scan(step, h0, xs, **kw)
+
+
+def _case_nested_over_captured(w, xs, h0, **kw):
+    return _nested_over_captured(w, xs, h0, kw, **kw)
+
+
+def _case_plain_scan_over_captured(w, xs, h0, **kw):
+    return _nested_over_captured(w, xs, h0, {}, **kw)
+
+
+def _case_view_of_a_captured_tensor_reshaped(w, xs, h0, **kw):
+    W2 = w["W"] * 2  # a tensor with a history
+
+    def step(h, x):
+        q = W2.unsqueeze(0)
+        q.squeeze_(0)  # allowed on a view of a tensor with a history, not of a leaf
+        return torch.tanh(x @ w["W"] + h @ w["U"] + q.sum(0)), h
+
+    return torchscan.scan(step, h0, xs, **kw)
+
+
+def _case_view_reshaped_in_place(w, xs, h0, **kw):
+    def step(h, x):
+        q = x.unsqueeze(0)
+        q.squeeze_(0)  # a shape-only change of a view of x, which x's version counter sees
+        # (read where autograd saves no view of x: the next change would be seen in backward,
+        # as in the Python loop)
+        return torch.tanh(q * 0.5 + h @ w["U"]), h
+
+    # (of a leaf, torch refuses the change, as it does in the Python loop)
+    return torchscan.scan(step, h0, xs * 1, **kw)
+
+
 CASES: dict[str, Callable[..., Any]] = {
     "elman": _case_elman,
     "pytrees": _case_pytrees,
@@ -154,6 +219,12 @@ CASES: dict[str, Callable[..., Any]] = {
     "dropout": _case_dropout,
     "counter and view": _case_counter_and_view,
     "unchanged leaf": _case_unchanged_leaf,
+    "view reshaped in place": _case_view_reshaped_in_place,
+    "a weight and its double": _case_weight_and_its_double,
+    "nested": _case_nested,
+    "nested over captured": _case_nested_over_captured,
+    "plain scan over captured": _case_plain_scan_over_captured,
+    "view of a captured tensor reshaped": _case_view_of_a_captured_tensor_reshaped,
 }
 
 
@@ -611,19 +682,16 @@ def test_a_wrong_checkpoint_policy_is_refused(arguments: dict, error: type, mess
     assert message in str(info.value)
 
 
-def test_a_binomial_schedule_nested_too_deep_is_refused() -> None:
-    with pytest.raises(ValueError, match="nested 59 deep") as info:
-        torchscan.scan(
-            lambda h, x: (h + x, h),
-            torch.zeros(2, requires_grad=True),
-            torch.ones(60, 2),
-            checkpoint=Checkpoint(snapshots=0),
-        )
-    assert str(info.value) == (
-        "torchscan.scan: checkpoint=Checkpoint(snapshots=0) over 60 steps would run every step "
-        "about 59 times, in segments nested 59 deep (at most 48); give it snapshots=1 or more, "
-        "or every= instead."
-    )
+@pytest.mark.parametrize(("n", "snapshots"), [(60, 0), (1500, 1500), (1500, 3000)])
+def test_the_binomial_schedule_reverses_any_length_with_any_number_of_snapshots(
+    n: int, snapshots: int
+) -> None:
+    """No schedule is too deep: with no carry kept, every step runs again from ``init``; with a
+    place for every carry (more than Python's frames allow to nest), every step runs twice."""
+    forward, total = _count_steps(n, Checkpoint(snapshots=snapshots))
+    assert forward == n
+    assert total == _revolve_evaluations(n, snapshots)
+    assert total == (n * (n + 1) // 2 if snapshots == 0 else 2 * n - 1)
 
 
 def _line(marker: str) -> int:
@@ -806,7 +874,7 @@ def test_a_loop_that_could_never_end_is_refused_as_without_checkpoint() -> None:
 
 
 def _online_case(kind: str, stop_at: int, **kw: Any) -> list[torch.Tensor]:
-    """Values and gradients of a loop without trip_count whose body is of ``kind``."""
+    """Values and gradients of a loop that ends at until whose body is of ``kind``."""
     torch.manual_seed(0)
     w = _weights()
     xs, h0 = _inputs()
@@ -821,6 +889,8 @@ def _online_case(kind: str, stop_at: int, **kw: Any) -> list[torch.Tensor]:
             h = torch.tanh(x @ w["W"] + h @ w["U"])
         elif kind == "captured history":
             h = torch.tanh(x @ W2 + h @ w["U"])
+        elif kind == "a weight and its double":  # (W's gradient is not W2's twice over)
+            h = torch.tanh(x @ W2 + x @ w["W"] + h @ w["U"])
         elif kind == "reads init":
             h = torch.tanh(x @ w["W"] + h @ w["U"] + h0 * 0.1)
         elif kind == "module":
@@ -843,16 +913,30 @@ def _online_case(kind: str, stop_at: int, **kw: Any) -> list[torch.Tensor]:
     return outputs + [torch.zeros(()) if g is None else g for g in grads]
 
 
+@pytest.mark.parametrize("trip_count", [None, 30], ids=["online", "binomial"])
 @pytest.mark.parametrize("snapshots", [0, 1, 2, 5])
 @pytest.mark.parametrize(
-    "kind", ["elman", "captured history", "reads init", "module", "dropout", "no ys"]
+    "kind",
+    [
+        "elman",
+        "captured history",
+        "a weight and its double",
+        "reads init",
+        "module",
+        "dropout",
+        "no ys",
+    ],
 )
 @pytest.mark.parametrize("stop_at", [0, 1, 13, 50])
 def test_a_loop_that_ends_at_until_takes_the_online_schedule_with_the_same_gradients(
-    kind: str, snapshots: int, stop_at: int
+    kind: str, snapshots: int, stop_at: int, trip_count: int | None
 ) -> None:
-    expected = _online_case(kind, stop_at)
-    got = _online_case(kind, stop_at, checkpoint=Checkpoint(snapshots=snapshots))
+    """Without trip_count, the online schedule; with it (30, which stops the loop before 50),
+    the binomial one, whose forward pass the loop may end early."""
+    expected = _online_case(kind, stop_at, trip_count=trip_count)
+    got = _online_case(
+        kind, stop_at, trip_count=trip_count, checkpoint=Checkpoint(snapshots=snapshots)
+    )
     assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, rtol=0, atol=1e-12)  # (shapes and dtypes too)
@@ -918,29 +1002,29 @@ def test_the_online_schedule_keeps_c_carries_whatever_the_length(snapshots: int)
     assert _kept_after_online_loop(200, None) > 200 * CARRY
 
 
-def test_the_online_schedule_refuses_second_derivatives() -> None:
+@pytest.mark.parametrize("trip_count", [None, 12], ids=["online", "binomial"])
+def test_second_derivatives_of_a_loop_are_the_unchecked_loop_s(trip_count: int | None) -> None:
+    """``create_graph=True``: the iterations run once more with autograd from ``init``."""
     U = torch.randn(H, H, dtype=torch.float64, requires_grad=True)
+    h0 = torch.ones(B, H, dtype=torch.float64, requires_grad=True)
 
-    def body(i, h):  # second
-        return torch.tanh(h @ U), None, torchscan.until(i >= 4)
+    def body(i, h):
+        return torch.tanh(h @ U), h.sum(-1), torchscan.until(i >= 8)
 
-    h, _ = torchscan.loop(
-        body, torch.ones(B, H, dtype=torch.float64), checkpoint=Checkpoint(snapshots=2)
-    )
-    with pytest.raises(torchscan.TorchscanValueError) as info:
-        torch.autograd.grad(h.sum(), U, create_graph=True)
-    assert str(info.value) == (
-        "torchscan.loop: body (test_the_online_schedule_refuses_second_derivatives.<locals>."
-        f"body), {__file__}:{_line('def body(i, h):  # second')}: "
-        "checkpoint=Checkpoint(snapshots=...) over a loop that ends at until takes no second "
-        "derivatives (backward with create_graph=True). Give trip_count= (the most "
-        "iterations) for the binomial schedule, which does."
-    )
+    def second(**kw: Any) -> list[torch.Tensor]:
+        h, ys = torchscan.loop(body, h0, trip_count=trip_count, **kw)
+        (gu,) = torch.autograd.grad(h.pow(2).sum() + ys.pow(2).sum(), [U], create_graph=True)
+        return [gu, *torch.autograd.grad(gu.pow(2).sum(), [U, h0])]
+
+    expected = second()
+    for g, e in zip(second(checkpoint=Checkpoint(snapshots=2)), expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
-def test_the_online_schedule_refuses_a_read_it_could_not_see() -> None:
+@pytest.mark.parametrize("api", ["loop", "loop with trip_count", "scan"])
+def test_snapshots_refuse_a_read_they_could_not_see(api: str) -> None:
     """A tensor read where no torch function mode sees it (here, with torch functions turned
-    off) would get no gradient: the backward pass refuses it, naming the body's line."""
+    off) would get no gradient: the backward pass refuses it, naming the step's line."""
     U = torch.randn(H, H, dtype=torch.float64, requires_grad=True)
     h0 = torch.ones(B, H, dtype=torch.float64, requires_grad=True)
 
@@ -951,16 +1035,29 @@ def test_the_online_schedule_refuses_a_read_it_could_not_see() -> None:
     def body(i, h):  # hidden
         return torch.tanh(hidden(h)), None, torchscan.until(i >= 4)
 
-    h, _ = torchscan.loop(body, h0, checkpoint=Checkpoint(snapshots=2))
+    def step(h, x):  # hidden step
+        return torch.tanh(hidden(h) + x), None
+
+    checkpoint = Checkpoint(snapshots=2)
+    if api == "scan":
+        # (hoisted, the step runs as a graph traced with torch functions on: U is seen)
+        xs = torch.ones(6, B, H)
+        h, _ = torchscan.scan(step, h0, xs, checkpoint=checkpoint, hoist=False)
+        who, line, things = "scan: fn (test_snapshots", _line("# hidden step"), "steps"
+    else:
+        trip_count = 10 if api == "loop with trip_count" else None
+        h, _ = torchscan.loop(body, h0, trip_count=trip_count, checkpoint=checkpoint)
+        who, line, things = "loop: body (test_snapshots", _line("# hidden"), "iterations"
+    fn, name = ("fn", "step") if api == "scan" else ("body", "body")
     with pytest.raises(torchscan.TorchscanValueError) as info:
         h.sum().backward()
     assert str(info.value) == (
-        "torchscan.loop: body (test_the_online_schedule_refuses_a_read_it_could_not_see."
-        f"<locals>.body), {__file__}:{_line('# hidden')}: "
-        "checkpoint=Checkpoint(snapshots=...) over a loop that ends at until ran its body "
-        "without autograd and did not see it read a tensor that requires gradients (of shape "
+        f"torchscan.{who}_refuse_a_read_they_could_not_see.<locals>.{name}), "
+        f"{__file__}:{line}: checkpoint=Checkpoint(snapshots=...) ran the {things} without "
+        f"autograd and did not see the {fn} read a tensor that requires gradients (of shape "
         f"({H}, {H})), so its gradient would be lost. Read it through torch functions in the "
-        "body (not in a compiled function), or give trip_count= for the binomial schedule."
+        f"{fn} (not in a compiled function), or give checkpoint=k, whose segments run with "
+        "autograd."
     )
 
 

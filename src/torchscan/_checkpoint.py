@@ -159,6 +159,19 @@ def binomial_split(length: int, snapshots: int) -> int:
     return min(_beta(s, r - 1), length - _beta(s - 1, r - 1))
 
 
+def binomial_points(length: int, snapshots: int) -> list[int]:
+    """The steps before which the binomial schedule's forward pass keeps the carry, of a run of
+    ``length`` steps that may keep ``snapshots`` carries besides its first: each the split
+    (:func:`binomial_split`) of the rest, with one carry fewer than the one before; the last is
+    ``length - 1`` (the step that runs with autograd at once), where ``length > 1``."""
+    points, start = [], 0
+    while length - start > 1:
+        start += binomial_split(length - start, snapshots)
+        points.append(start)
+        snapshots = max(snapshots - 1, 0)
+    return points
+
+
 def repetitions(length: int, snapshots: int) -> int:
     """Griewank's repetition number of ``length`` steps with ``snapshots`` carries besides the
     first: the least ``r`` with ``length <= comb(snapshots + 1 + r, r)``, about how many times the

@@ -1,11 +1,15 @@
 """The checkpointed run of a scan (``checkpoint=``, :class:`torchscan.Checkpoint`).
 
-The steps run in segments, each a scan of its own (eager or hoisted, as any scan runs) under
-``torch.utils.checkpoint`` (non-reentrant): its forward pass keeps the carry the segment starts
-from, the random generators' states and nothing else; the backward pass runs the segment again
-and takes its gradients. The binomial schedule nests the segments: a segment's first part is a
-checkpointed segment within it, so that running it again keeps carries of its own, as revolve
-does."""
+With ``every=``, the steps run in segments, each a scan of its own (eager or hoisted, as any scan
+runs): a hoisted segment as an autograd function of its carry, its slice of ``xs`` and what its
+step captures, which runs it again in the backward pass (:func:`_recomputed`); any other under
+``torch.utils.checkpoint`` (non-reentrant), whose forward pass keeps the carry the segment starts
+from, the random generators' states and nothing else.
+
+With ``snapshots=``, the forward pass runs without autograd and keeps the carries where the
+binomial schedule places them (the online schedule where only ``until`` ends a loop); the
+backward pass reverses the steps between them one at a time, each run again with autograd from a
+kept or recomputed carry (:mod:`torchscan._reversal`)."""
 
 from __future__ import annotations
 
@@ -19,17 +23,16 @@ from typing import Any
 
 import torch
 
-from torchscan import _checkpoint, _compat, _hoist, _pytree, _source
+from torchscan import _compat, _hoist, _pytree, _reversal, _source
 from torchscan._errors import TorchscanValueError
 from torchscan._plan import LoopPlan, ScanPlan
+from torchscan._reversal import gradients as _gradients
+from torchscan._reversal import same_states as _same_states
+from torchscan._reversal import states as _states
 from torchscan._until import Until
 
 Runner = Callable[[Any], tuple[Any, Any]]
 Prepare = Callable[[ScanPlan], "tuple[_hoist.Hoisted, list[torch.Tensor]] | None"]
-
-MOST_NESTED = 48
-"""The most segments the binomial schedule nests in one another (its repetition number): each
-level is a few frames of Python, in the forward pass and again where the backward pass runs it."""
 
 
 def scan(plan: ScanPlan, run: Runner, prepare: Prepare | None = None) -> tuple[Any, Any]:
@@ -37,6 +40,9 @@ def scan(plan: ScanPlan, run: Runner, prepare: Prepare | None = None) -> tuple[A
     without ``checkpoint``); ``prepare`` gives a segment's hoisted step and the tensors it
     captures, or None where it is not hoisted (:func:`torchscan._hoist.prepare`)."""
     segments = _Segments(plan, run, prepare)
+    assert plan.checkpoint is not None
+    if plan.checkpoint.snapshots is not None:
+        return _reversal.run(segments, plan.checkpoint.snapshots, plan.length)
     carry, pieces = _schedule(segments, plan.length)
     return carry, segments.join(pieces)
 
@@ -57,8 +63,8 @@ def loop(plan: LoopPlan, run: Runner) -> tuple[Any, Any]:
             "however many run."
         )
     segments = _LoopSegments(plan, run)
-    if total is None and policy.snapshots is not None:
-        return _online(segments, policy.snapshots)
+    if policy.snapshots is not None:
+        return _reversal.run(segments, policy.snapshots, total)
     carry, pieces = _schedule(segments, total)
     return carry, segments.join(pieces)
 
@@ -68,19 +74,14 @@ def _shown(policy: Any) -> str:
 
 
 def _schedule(segments: _Segments, total: int | None) -> tuple[Any, list[Any]]:
-    """The carry after the steps, and the pieces of ``ys`` in the order the steps ran, with the
-    plan's ``checkpoint``: segments of ``every`` steps, or the binomial schedule (``total`` steps;
-    ``None``: until a step stops the loop)."""
-    plan = segments.plan
-    policy = plan.checkpoint
+    """The carry after the steps, and the pieces of ``ys`` in the order the steps ran, in
+    segments of the plan's ``every`` steps (``total`` steps; ``None``: until a step stops the
+    loop)."""
+    policy = segments.plan.checkpoint
     assert policy is not None
-    if policy.snapshots is not None:
-        assert total is not None
-        _refuse_deep(plan, total, policy.snapshots)
-        return _binomial(segments, plan.carry.init, 0, total, policy.snapshots)
     k = policy.segment(total) if total is not None else policy.every
     assert isinstance(k, int)
-    carry, pieces = plan.carry.init, []
+    carry, pieces = segments.plan.carry.init, []
     for start in itertools.count(0, k) if total is None else range(0, total, k):
         if segments.stopped_before(start):
             break
@@ -88,44 +89,6 @@ def _schedule(segments: _Segments, total: int | None) -> tuple[Any, list[Any]]:
         carry, ys = segments.kept_segment(carry, start, stop)
         pieces.append(ys)
     return carry, pieces
-
-
-def _binomial(
-    segments: _Segments, carry: Any, start: int, stop: int, snapshots: int
-) -> tuple[Any, list[Any]]:
-    """Steps ``start`` to ``stop`` from ``carry``, keeping at most ``snapshots`` carries besides
-    ``carry``: the first part is a segment kept by its carry (which runs itself with the same
-    number of carries), the rest runs with one carry fewer, for as long as it is longer than one
-    step; each step runs alone. The pieces of ``ys``, in the order the steps ran."""
-    pieces: list[Any] = []
-    while stop - start > 1 and not segments.stopped_before(start):
-        middle = start + _checkpoint.binomial_split(stop - start, snapshots)
-        first = functools.partial(
-            _binomial, segments, start=start, stop=middle, snapshots=snapshots
-        )
-        carry, ys = segments.kept(first, carry)
-        pieces += ys
-        start, snapshots = middle, max(snapshots - 1, 0)
-    if not segments.stopped_before(start):
-        carry, ys = segments.run(carry, start, stop)
-        pieces.append(ys)
-    return carry, pieces
-
-
-def _refuse_deep(plan: ScanPlan | LoopPlan, length: int, snapshots: int) -> None:
-    nested = _checkpoint.repetitions(length, snapshots)
-    if nested > MOST_NESTED:
-        least = next(
-            c
-            for c in range(snapshots + 1, length)
-            if _checkpoint.repetitions(length, c) <= MOST_NESTED
-        )
-        raise TorchscanValueError(
-            f"{plan.protocol.api}: checkpoint=Checkpoint(snapshots={snapshots}) over "
-            f"{length} steps would run every step about {nested} times, in segments nested "
-            f"{nested} deep (at most {MOST_NESTED}); give it snapshots={least} or more, or "
-            "every= instead."
-        )
 
 
 @dataclasses.dataclass
@@ -188,7 +151,7 @@ class _Segments:
     def devices(self) -> list[int]:
         """The CUDA devices of the carry and the sequences, whose random generators a segment
         may draw from (as ``torch.utils.checkpoint`` takes them)."""
-        tensors = [*self.plan.carry.leaves, *getattr(self.plan, "xs_leaves", ())]
+        tensors = [*self.plan.carry.leaves, *self.xs_leaves]
         return sorted(
             {t.device.index or 0 for t in tensors if t is not None and t.device.type == "cuda"}
         )
@@ -212,27 +175,43 @@ class _Segments:
                     return out
         return self.kept(self.run, carry, start, stop)
 
-    def run(self, carry: Any, start: int, stop: int) -> tuple[Any, Any]:
-        """Steps ``start`` to ``stop`` from ``carry``: ``(carry, ys)``."""
-        return self.runner(self._segment(carry, start, stop))
+    def run(
+        self, carry: Any, start: int, stop: int, xs: tuple[Any, ...] | None = None
+    ) -> tuple[Any, Any]:
+        """Steps ``start`` to ``stop`` from ``carry``: ``(carry, ys)``; ``xs``: the leaves of
+        the sequences for these steps (:meth:`slices`), in place of the plan's."""
+        return self.runner(self._segment(carry, start, stop, xs))
 
-    def _segment(self, carry: Any, start: int, stop: int) -> ScanPlan:
-        """The plan of steps ``start`` to ``stop`` from ``carry``."""
-        plan, n = self.plan, self.plan.length
-        leaves = tuple(
+    @property
+    def xs_leaves(self) -> tuple[Any, ...]:
+        """The leaves of the sequences, whole."""
+        return self.plan.xs_leaves
+
+    def offset(self, leaf: int, start: int, stop: int) -> int:
+        """Where steps ``start`` to ``stop`` lie along the axis of the sequence leaf ``leaf``."""
+        return self.plan.length - stop if self.plan.in_reverse[leaf] else start
+
+    def slices(self, leaves: tuple[Any, ...], start: int, stop: int) -> tuple[Any, ...]:
+        """Steps ``start`` to ``stop`` of the sequence leaves ``leaves`` (the plan's, or tensors
+        in their place)."""
+        return tuple(
             None
             if leaf is None or axis is None
-            else leaf.narrow(axis, n - stop if backwards else start, stop - start)
-            for leaf, axis, backwards in zip(
-                plan.xs_leaves, plan.in_axes, plan.in_reverse, strict=True
-            )
+            else leaf.narrow(axis, self.offset(j, start, stop), stop - start)
+            for j, (leaf, axis) in enumerate(zip(leaves, self.plan.in_axes, strict=True))
         )
+
+    def _segment(
+        self, carry: Any, start: int, stop: int, xs: tuple[Any, ...] | None = None
+    ) -> ScanPlan:
+        """The plan of steps ``start`` to ``stop`` from ``carry``."""
+        plan = self.plan
         return dataclasses.replace(
             plan,
             # (the first segment wrapped whenever it runs: a recomputation takes its forward's path)
             fn=self._watching(plan.fn, start) if start == 0 or self.returns_until else plan.fn,
             carry=plan.carry.of(carry, _pytree.tree_flatten(carry)[0]),
-            xs_leaves=leaves,
+            xs_leaves=self.slices(plan.xs_leaves, start, stop) if xs is None else xs,
             length=stop - start,
             padded_length=None,
             checkpoint=None,
@@ -304,7 +283,16 @@ class _LoopSegments(_Segments):
     """Runs of iterations ``start`` to ``stop`` of a loop, each a loop of its own whose body sees
     the iteration numbers of its place."""
 
-    def run(self, carry: Any, start: int, stop: int) -> tuple[Any, Any]:
+    @property
+    def xs_leaves(self) -> tuple[Any, ...]:
+        return ()
+
+    def slices(self, leaves: tuple[Any, ...], start: int, stop: int) -> tuple[Any, ...]:
+        return ()
+
+    def run(
+        self, carry: Any, start: int, stop: int, xs: tuple[Any, ...] | None = None
+    ) -> tuple[Any, Any]:
         plan = self.plan
         body = self._watching(plan.body, start)
         segment = dataclasses.replace(
@@ -367,16 +355,6 @@ class _Again:
             for device, state in zip(self.devices, cuda, strict=True):
                 torch.cuda.set_rng_state(state, device)
             return self.run(*args, **kwargs)
-
-
-def _states(devices: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    return torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
-
-
-def _same_states(
-    a: tuple[torch.Tensor, list[torch.Tensor]], b: tuple[torch.Tensor, list[torch.Tensor]]
-) -> bool:
-    return torch.equal(a[0], b[0]) and all(map(torch.equal, a[1], b[1]))
 
 
 class _KeptUnchanged(_compat.TorchDispatchMode):
@@ -498,294 +476,4 @@ class _Recomputed(torch.autograd.Function):
         ]
         with torch.enable_grad():
             out = ctx.again(*inputs)
-        outputs = [t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        pairs = [
-            (o, g) for o, g in zip(outputs, grads, strict=True) if g is not None and o.requires_grad
-        ]
-        wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
-        found: list[torch.Tensor | None] = [None] * len(inputs)
-        if pairs and wanted:
-            got = torch.autograd.grad(
-                [o for o, _ in pairs],
-                [inputs[i] for i in wanted],
-                [g for _, g in pairs],
-                allow_unused=True,
-                create_graph=higher,
-            )
-            for i, g in zip(wanted, got, strict=True):
-                found[i] = g
-        return (None, None, *found)
-
-
-# ---------------------------------------------------------------------------------------------
-# The online schedule: a loop that ends at ``until``, with Checkpoint(snapshots=c)
-
-ONLINE_CHUNK = 64
-"""The most iterations the forward pass of the online schedule runs as one loop between two
-carries it keeps (where none is kept for long, with one place)."""
-
-
-@dataclasses.dataclass
-class _Snapshot:
-    """A carry kept for the backward pass: its step, its leaves, and the random generators'
-    states before that step (``None`` where the loop draws no random number)."""
-
-    step: int
-    leaves: list[Any]
-    states: tuple[torch.Tensor, list[torch.Tensor]] | None
-
-
-def _online(segments: _LoopSegments, snapshots: int) -> tuple[Any, Any]:
-    """``(carry, ys)`` of a loop that ends at ``until`` with ``Checkpoint(snapshots=c)``.
-
-    The forward pass runs without autograd, keeping at most ``c`` carries besides ``init`` where
-    :class:`torchscan._checkpoint.OnlinePlacement` places them as the iterations run, and notes
-    the tensors requiring gradients that the body reads from outside (:class:`_Captured`). The
-    result is a function of ``init``'s tensors and of those (:class:`_Reversed`), whose
-    backward pass reverses each run of iterations between two kept carries by the binomial
-    schedule, with the places the carries before it leave free."""
-    plan = segments.plan
-    placement = _checkpoint.OnlinePlacement(snapshots + 1)
-    devices = segments.devices
-    before = _states(devices)
-    kept: dict[int, _Snapshot] = {}
-    carry, pieces, step = plan.carry.init, [], 0
-    found = _Captured()
-    with torch.no_grad(), found:
-        first = placement.slot(0)
-        assert first == 0
-        kept[0] = _Snapshot(0, list(plan.carry.leaves), before)
-        while True:
-            end, place = step + 1, placement.slot(step + 1)
-            while place is None and end - step < ONLINE_CHUNK:
-                end += 1
-                place = placement.slot(end)
-            carry, ys = segments.run(carry, step, end)
-            pieces.append(ys)
-            if segments.stop is not None:
-                break
-            step = end
-            if place is not None:
-                kept[place] = _Snapshot(end, _pytree.tree_flatten(carry)[0], _states(devices))
-    assert segments.stop is not None  # only a loop that ends at until has no trip_count
-    if _same_states(before, _states(devices)):
-        for snapshot in kept.values():
-            snapshot.states = None
-    carry_leaves, carry_spec = _pytree.tree_flatten(carry)
-    ys_leaves, ys_spec = _pytree.tree_flatten(segments.join(pieces))
-    inputs = [t for t in plan.carry.leaves if isinstance(t, torch.Tensor)]
-    reversal = _Reversal(
-        segments,
-        kept=sorted(kept.values(), key=lambda k: k.step),
-        slots=snapshots + 1,
-        length=segments.stop + 1,
-        captured=list(found.tensors.values()),
-        ys_present=[isinstance(t, torch.Tensor) for t in ys_leaves],
-    )
-    outputs = [t for t in (*carry_leaves, *ys_leaves) if isinstance(t, torch.Tensor)]
-    given = {id(t) for t in (*inputs, *reversal.captured)}
-    outputs = [t.clone() if t._is_view() or id(t) in given else t for t in outputs]
-    results = iter(_Reversed.apply(reversal, outputs, *inputs, *reversal.captured))
-    carry_leaves = [next(results) if isinstance(t, torch.Tensor) else t for t in carry_leaves]
-    ys_leaves = [next(results) if isinstance(t, torch.Tensor) else t for t in ys_leaves]
-    return (
-        _pytree.tree_unflatten(carry_leaves, carry_spec),
-        _pytree.tree_unflatten(ys_leaves, ys_spec),
-    )
-
-
-class _Captured(torch.overrides.TorchFunctionMode):
-    """Notes every tensor requiring gradients that a torch function or method is given while
-    the forward pass runs without autograd, where nothing the body computes requires them: the
-    tensors the body reads from outside (weights, and ``init``'s leaves as its first carry)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tensors: dict[int, torch.Tensor] = {}
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        self._note(args)
-        if kwargs:
-            self._note(tuple(kwargs.values()))
-        return func(*args, **kwargs)
-
-    def _note(self, values: Any) -> None:
-        for value in values:
-            if isinstance(value, torch.Tensor):
-                if value.requires_grad:
-                    self.tensors.setdefault(id(value), value)
-            elif isinstance(value, (tuple, list)):
-                self._note(value)
-            elif isinstance(value, dict):
-                self._note(tuple(value.values()))
-
-
-@dataclasses.dataclass
-class _Reversal:
-    """The backward pass of :func:`_online`: how to run iterations (``segments``), the kept
-    carries in the order of their steps, the places for carries, the iterations that ran, the
-    tensors the body captures, and which leaves of ``ys`` are tensors."""
-
-    segments: _LoopSegments
-    kept: list[_Snapshot]
-    slots: int
-    length: int
-    captured: list[torch.Tensor]
-    ys_present: list[bool]
-    checked: bool = False  # whether the first iteration run again was checked (_check_reads)
-
-    def backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
-        """The gradients of ``init``'s tensors and of the captured tensors, from those of the
-        final carry's tensors and of the ``ys`` tensors (``grads``)."""
-        plan = self.segments.plan
-        leaves = plan.carry.leaves
-        it = iter(grads)  # (the final carry has the tensors where init has them)
-        cotangent = [next(it) if isinstance(t, torch.Tensor) else None for t in leaves]
-        self.ys_grads = [next(it) if present else None for present in self.ys_present]
-        self.found: list[torch.Tensor | None] = [None] * len(self.captured)
-        random = self.kept[0].states is not None
-        with (
-            torch.random.fork_rng(devices=self.segments.devices)
-            if random
-            else contextlib.nullcontext()
-        ):
-            end = self.length
-            for j in range(len(self.kept) - 1, -1, -1):
-                start = self.kept[j]
-                cotangent = self._reverse(start, end, self.slots - (j + 1), cotangent)
-                end = start.step
-        return [
-            g for g, t in zip(cotangent, leaves, strict=True) if isinstance(t, torch.Tensor)
-        ] + self.found
-
-    def _reverse(
-        self, start: _Snapshot, stop: int, free: int, cotangent: list[torch.Tensor | None]
-    ) -> list[torch.Tensor | None]:
-        """The cotangent of the carry at ``start`` from that of the carry at ``stop``: the
-        binomial schedule over the iterations between, with ``free`` places to keep carries."""
-        while stop - start.step > 1:
-            middle = start.step + _checkpoint.binomial_split(stop - start.step, free)
-            cotangent = self._reverse(
-                self._advance(start, middle), stop, max(free - 1, 0), cotangent
-            )
-            stop = middle
-        return self._turn(start, cotangent)
-
-    def _restore(self, snapshot: _Snapshot) -> None:
-        if snapshot.states is not None:
-            cpu, cuda = snapshot.states
-            torch.set_rng_state(cpu)
-            for device, state in zip(self.segments.devices, cuda, strict=True):
-                torch.cuda.set_rng_state(state, device)
-
-    def _carry(self, leaves: list[Any]) -> Any:
-        return _pytree.tree_unflatten(leaves, self.segments.plan.carry.spec)
-
-    def _advance(self, start: _Snapshot, stop: int) -> _Snapshot:
-        """The carry at ``stop``, run without autograd from ``start``."""
-        self._restore(start)
-        with torch.no_grad():
-            carry, _ = self.segments.run(self._carry(start.leaves), start.step, stop)
-        states = None if start.states is None else _states(self.segments.devices)
-        return _Snapshot(stop, _pytree.tree_flatten(carry)[0], states)
-
-    def _turn(
-        self, start: _Snapshot, cotangent: list[torch.Tensor | None]
-    ) -> list[torch.Tensor | None]:
-        """The cotangent of the carry at ``start`` from that of the carry after its iteration
-        (and of its ``y``), the captured tensors' gradients added up."""
-        self._restore(start)
-        leaves = [
-            t.detach().requires_grad_()
-            if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
-            else t.detach()
-            if isinstance(t, torch.Tensor)
-            else t
-            for t in start.leaves
-        ]
-        with torch.enable_grad():
-            carry, ys = self.segments.run(self._carry(leaves), start.step, start.step + 1)
-        outputs, cotangents = [], []
-        for t, g in zip(_pytree.tree_flatten(carry)[0], cotangent, strict=True):
-            if g is not None and isinstance(t, torch.Tensor) and t.requires_grad:
-                outputs.append(t)
-                cotangents.append(g)
-        for t, g in zip(_pytree.tree_flatten(ys)[0], self.ys_grads, strict=True):
-            if g is not None and isinstance(t, torch.Tensor) and t.requires_grad:
-                outputs.append(t)
-                cotangents.append(g.narrow(0, start.step, 1))
-        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-        captured = [i for i, t in enumerate(self.captured) if t.requires_grad]
-        if not self.checked:
-            self.checked = True
-            self._check_reads(outputs, wanted)
-        if not outputs:
-            return [None] * len(leaves)
-        got = torch.autograd.grad(
-            outputs,
-            [*wanted, *(self.captured[i] for i in captured)],
-            cotangents,
-            allow_unused=True,
-        )
-        carried = iter(got[: len(wanted)])
-        for i, g in zip(captured, got[len(wanted) :], strict=True):
-            before = self.found[i]
-            if g is not None:
-                self.found[i] = g if before is None else before + g
-        return [
-            next(carried) if isinstance(t, torch.Tensor) and t.requires_grad else None
-            for t in leaves
-        ]
-
-    def _check_reads(self, outputs: list[torch.Tensor], carry: list[torch.Tensor]) -> None:
-        """Refuse an iteration whose gradients reach a tensor that the forward pass did not see
-        the body read (torch code that no torch function mode sees, such as a compiled
-        function): its gradient would be missing."""
-        known = {id(t) for t in (*carry, *self.captured)}
-        stops = {t.grad_fn for t in self.captured if t.grad_fn is not None}
-        seen: set[Any] = set()
-        todo: list[Any] = [o.grad_fn for o in outputs if o.grad_fn is not None]
-        while todo:
-            node = todo.pop()
-            if node is None or node in seen or node in stops:
-                continue
-            seen.add(node)
-            variable = getattr(node, "variable", None)
-            if variable is not None and id(variable) not in known:
-                raise self.segments._refusal(
-                    traceback.extract_stack(),
-                    "checkpoint=Checkpoint(snapshots=...) over a loop that ends at until ran its "
-                    "body without autograd and did not see it read a tensor that requires "
-                    f"gradients (of shape {tuple(variable.shape)}), so its gradient would be "
-                    "lost. Read it through torch functions in the body (not in a compiled "
-                    "function), or give trip_count= for the binomial schedule.",
-                )
-            todo.extend(next_node for next_node, _ in node.next_functions)
-
-
-class _Reversed(torch.autograd.Function):
-    """The outputs of a loop run without autograd (``outputs``), as a function of ``init``'s
-    tensors and of the tensors its body captures; the backward pass is ``reversal``'s."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, reversal: _Reversal, outputs: list[torch.Tensor], *inputs: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        ctx.reversal = reversal
-        ctx.mark_non_differentiable(
-            *(t for t in outputs if not (t.is_floating_point() or t.is_complex()))
-        )
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        reversal = ctx.reversal
-        if torch.is_grad_enabled():
-            raise reversal.segments._refusal(
-                [],
-                "checkpoint=Checkpoint(snapshots=...) over a loop that ends at until takes no "
-                "second derivatives (backward with create_graph=True). Give trip_count= (the "
-                "most iterations) for the binomial schedule, which does.",
-            )
-        return (None, None, *reversal.backward(grads))
+        return (None, None, *_gradients(out, grads, inputs, create_graph=higher))

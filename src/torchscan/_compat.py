@@ -453,8 +453,12 @@ def trace_on_fake(fn: Any, inputs: list[torch.Tensor]) -> torch.fx.GraphModule:
     ``inputs``; the real tensors ``fn`` captures become ``get_attr`` nodes of the graph, whose
     attributes are those very tensors."""
     from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import _disable_current_modes
 
-    return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
+    # (the dispatch modes around the call, such as selective checkpointing's, which records the
+    # operators it sees to replay them, do not see the trace's operators on fake tensors)
+    with _disable_current_modes():
+        return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
 
 
 def map_over(
@@ -854,6 +858,11 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "TorchDispatchMode",
         "watch, in the first run of a checkpointed segment, for a write into a result that "
         "checkpoint's save= keeps (selective checkpointing misses writes through unsafe_chunk)",
+    ),
+    PrivateSymbol(
+        "torch.utils._python_dispatch",
+        "_disable_current_modes",
+        "trace a step on fake tensors unseen by the dispatch modes around it",
     ),
     PrivateSymbol(
         "torch.utils._python_dispatch",

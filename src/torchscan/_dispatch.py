@@ -14,7 +14,9 @@ context of the call alone (:func:`choose`), and hands the plan to that strategy'
                     (:mod:`torchscan._compiled`)
 ``"checkpointed"``  autograd records a scan or loop with ``checkpoint``: segments of steps kept
                     by their carries and run again in the backward pass, each a scan (a loop)
-                    that runs as the strategies below choose (:mod:`torchscan._checkpointed`)
+                    that runs as the strategies below choose (:mod:`torchscan._checkpointed`);
+                    not where the backward pass of ``Checkpoint(snapshots=...)`` runs a step
+                    again: a scan in that step runs neither checkpointed nor hoisted
 ``"hoisted"``       the Python loop of the step's carry-dependent part, the rest computed once over
                     the whole sequence (:mod:`torchscan._hoist`), where the step allows it
 ``"eager"``         the Python loop, every step checked (:mod:`torchscan._eager`)
@@ -43,6 +45,7 @@ from torchscan import (
     _eager,
     _hoist,
     _outputs,
+    _reversal,
     _torch_onnx_hook,
     _traced,
 )
@@ -138,9 +141,11 @@ def choose(plan: ScanPlan | LoopPlan) -> Strategy:
             return "empty"
         if compiling_now and plan.loop_operator:
             return "compiled"
-        if plan.checkpoint is not None and checkpointing():
+        if plan.checkpoint is not None and checkpointing() and not _reversal.standing_in():
             return "checkpointed"
-        if not compiling_now and _hoist.eligible(plan):
+        # (not while a checkpointed reversal runs a step again: a trace would capture the
+        # stand-ins of that run, which the next run replaces)
+        if not compiling_now and not _reversal.standing_in() and _hoist.eligible(plan):
             return "hoisted"
         return "eager"
     none = plan.runs_no_iteration()
@@ -152,13 +157,20 @@ def choose(plan: ScanPlan | LoopPlan) -> Strategy:
     tensors = isinstance(plan.trip_count, torch.Tensor) or isinstance(plan.cond, torch.Tensor)
     if compiling_now and not tensors:
         return "compiled"
-    if plan.checkpoint is not None and not compiling_now and checkpointing():
+    if (
+        plan.checkpoint is not None
+        and not compiling_now
+        and checkpointing()
+        and not _reversal.standing_in()
+    ):
         return "checkpointed"
     return "eager"
 
 
 def run(plan: ScanPlan | LoopPlan) -> tuple[Any, Any]:
     """``(carry, ys)`` of the loop ``plan`` describes, run as :func:`choose` says."""
+    if _reversal.standing_in():  # (run by a step that a checkpointed reversal runs again)
+        plan = _reversal.with_stand_ins(plan)
     strategy = choose(plan)
     if strategy == "traced":
         check_types = _torch_onnx_hook.install_if_exporting(plan.protocol.api)

@@ -9,6 +9,7 @@ fails the test.
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import warnings
 from typing import Any
@@ -271,6 +272,78 @@ def check_compiled_gradients(
         torch._dynamo.reset()
     assert actual is not None, "compiled: the loss records no gradient, eagerly it does"
     assert_close(actual, [torch.from_numpy(e) for e in expected], "compiled gradients", f32)
+
+
+CHECKPOINTS: dict[str, Any] = {
+    "every 3": 3,
+    "snapshots 0": torchscan.Checkpoint(snapshots=0),
+    "snapshots 2": torchscan.Checkpoint(snapshots=2),
+}
+"""The schedules every program runs with: segments, and carries kept by a forward pass without
+autograd (the binomial schedule; for a loop that only ``until`` ends, the online one)."""
+
+
+def check_checkpointed(program: Program) -> bool:
+    """The program with each of :data:`CHECKPOINTS` against it without ``checkpoint``, at every
+    length: the values and the gradients of the float inputs of a loss (the sum of every float
+    output). False where torchscan refuses the program without ``checkpoint``."""
+    eager, oracle = program.module(TORCHSCAN), program.module(_oracle.NAMESPACE)
+    f32 = "float32" in program.source() or any(i.dtype == "float32" for i in program.inputs)
+    for length in program.lengths if program.dynamic else program.lengths[:1]:
+        inputs = program.inputs_at(length)
+        try:
+            reference = _values_and_gradients(oracle, inputs)
+        except RuntimeError as error:  # (a step that changes in place what autograd saved)
+            SKIPS[f"checkpointed: the Python loop's backward fails: {kind_of(error)}"] += 1
+            return False
+        except _NoStep:
+            reference = None
+        try:
+            expected = _values_and_gradients(eager, inputs)
+        except torchscan.TorchscanError as error:
+            REFUSALS[f"checkpointed: {kind_of(error)}"] += 1
+            return False
+        if reference is not None:
+            what = f"gradients without checkpoint vs the Python loop's at length {length}"
+            assert len(expected) == len(reference), what
+            assert_close(expected, [torch.from_numpy(r) for r in reference], what, f32)
+        for name, checkpoint in CHECKPOINTS.items():
+            namespace = {
+                **TORCHSCAN,
+                "scan": functools.partial(torchscan.scan, checkpoint=checkpoint),
+                "loop": functools.partial(torchscan.loop, checkpoint=checkpoint),
+            }
+            actual = _values_and_gradients(program.module(namespace), inputs)
+            what = f"checkpoint={name} at length {length}"
+            assert len(actual) == len(expected), what
+            assert_close(actual, [torch.from_numpy(e) for e in expected], what, f32)
+    return True
+
+
+class _NoStep(Exception):
+    pass
+
+
+def _values_and_gradients(module: torch.nn.Module, inputs: list[torch.Tensor]) -> list[np.ndarray]:
+    """The outputs of ``module`` (tensors alone) and the gradients of the sum of its float
+    outputs with respect to its float inputs (zeros where none reaches an input)."""
+    given = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+    # (copies: a program may reshape a view of an input in place, which a leaf refuses)
+    outputs = leaves(module(*[t.clone() if t.requires_grad else t for t in given]))
+    if any(isinstance(t, _oracle.EmptyYs) for t in outputs):
+        raise _NoStep  # (the oracle's ys where no step ran: no shapes to compare)
+    recorded = [t for t in outputs if t.is_floating_point() and t.requires_grad]
+    wanted = [t for t in given if t.requires_grad]
+    grads: tuple[torch.Tensor | None, ...] = (None,) * len(wanted)
+    if recorded and wanted:
+        total = sum(t.double().sum() for t in recorded)
+        grads = torch.autograd.grad(total, wanted, allow_unused=True)
+    return [t.detach().numpy() for t in outputs] + [
+        np.zeros(tuple(w.shape), dtype=w.detach().numpy().dtype)
+        if g is None
+        else g.detach().numpy()
+        for w, g in zip(wanted, grads, strict=True)
+    ]
 
 
 def check(program: Program, opset: int) -> None:

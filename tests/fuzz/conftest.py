@@ -19,6 +19,7 @@ DEFAULT_EXAMPLES = {
     "compiled": 3,
     "export": 14,
     "vmap": 50,
+    "checkpointed": 30,
     "padded": 6,
     "theano": 5,
     "autoloop": 30,

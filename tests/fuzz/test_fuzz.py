@@ -18,7 +18,7 @@ from torchscan import _hoist
 from torchscan._hoist import _inductor as _compiled_hoist
 from torchscan._hoist import _policy
 
-from ._check import RUNS, check_compiled, check_eager, check_vmap
+from ._check import RUNS, check_checkpointed, check_compiled, check_eager, check_vmap
 from ._padded import check_padded, padded_problems
 from ._strategies import programs
 from ._theano import check_theano, theano_problems
@@ -83,6 +83,18 @@ def test_compiled_programs_match_eager(fuzz_settings) -> None:
 
     run()
     assert outcomes["compiled"] + outcomes["hoisted"] >= sum(outcomes.values()) // 2, outcomes
+
+
+def test_checkpointed_programs_match_them_without_checkpoint(fuzz_settings) -> None:
+    """Every program with each schedule of ``checkpoint=``: the same values and gradients."""
+
+    @fuzz_settings("checkpointed")
+    @hypothesis.given(program=programs())
+    def run(program) -> None:
+        if check_checkpointed(program):
+            RUNS["checkpointed"] += 1
+
+    run()
 
 
 def test_vmap_matches_vmap_of_the_python_loop(fuzz_settings) -> None:
