@@ -107,8 +107,8 @@ def loop(
         ValueError: the loop could never end (no ``trip_count`` and no ``until``); tensors of
             ``init`` on different devices; ``body`` changes ``i`` or its carry in place;
             ``checkpoint`` is an int below 1, or ``"sqrt"`` without ``trip_count``; the
-            backward pass of the online schedule with ``create_graph=True``, or of a body that
-            reads a tensor requiring gradients where no torch function mode sees it.
+            backward pass of ``Checkpoint(snapshots=c)`` over a body that reads a tensor
+            requiring gradients where no torch function mode sees it.
 
     Example:
         Powers of two until one passes 100, at most 20:

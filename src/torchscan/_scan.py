@@ -216,8 +216,9 @@ def scan(
             or ``x`` in place; ``in_axes``, ``out_axes``, ``in_reverse`` or ``out_reverse`` is
             not a prefix of its tree or does not fit a leaf; ``lengths`` is not 1-d, holds a
             length out of ``[0, n]``, is on another device, or a carry or ``y`` leaf has
-            another batch size along ``batch_axis``; ``checkpoint`` is an int below 1, or
-            its binomial schedule would nest its segments too deep.
+            another batch size along ``batch_axis``; ``checkpoint`` is an int below 1; the
+            backward pass of ``Checkpoint(snapshots=c)`` over a step that reads a tensor
+            requiring gradients where no torch function mode sees it.
 
     Example:
         A cumulative sum that also returns the running total at each step:
