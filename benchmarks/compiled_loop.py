@@ -39,13 +39,21 @@ SETTINGS = {
 }
 
 
-def implementations(step: Callable) -> dict[str, Callable]:
+def python_loop_of(step: Callable) -> Callable:
+    """The Python loop a user would write over ``step``: ``(h, stacked ys)``."""
+
     def python_loop(h, xs):
         ys = []
         for x in xs:
             h, y = step(h, x)
             ys.append(y)
         return h, torch.stack(ys)
+
+    return python_loop
+
+
+def implementations(step: Callable) -> dict[str, Callable]:
+    python_loop = python_loop_of(step)
 
     def hop_step(h, x):
         h, y = step(h, x)

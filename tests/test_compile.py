@@ -247,21 +247,26 @@ def test_until_over_one_tensor_given_twice_compiles(second: str) -> None:
 
 def test_the_compiled_graph_does_not_grow_with_the_length() -> None:
     sizes = {}
-    for length in (10, 100):
+    for length in (40, 400):
         torch._dynamo.reset()
         recorder = GraphRecorder()
         compiled(SCANS["dict carry, None leaves"], recorder, fullgraph=True)(sequences(length))
         sizes[length] = len(recorder.targets())
-    assert sizes[10] == sizes[100]
+    assert sizes[40] == sizes[400]
 
 
-def test_many_lengths_need_two_compilations_by_default() -> None:
+@pytest.mark.parametrize("unroll", [1, None, 4])
+def test_many_lengths_need_two_compilations_by_default(unroll: int | None) -> None:
     # torch.compile's default: the first length static, then one dynamic graph for the others,
     # far below the recompile limit after which torch would fall back to eager.
     recorder = GraphRecorder()
-    run = compiled(SCANS["tensor"], recorder)
-    for length in range(3, 25, 2):
-        torch.testing.assert_close(run(sequences(length)), SCANS["tensor"](sequences(length)))
+
+    def fn(xs: torch.Tensor) -> Any:
+        return torchscan.scan(elman, torch.zeros(4), xs, unroll=unroll)
+
+    run = compiled(fn, recorder)
+    for length in range(3, 45, 2):
+        torch.testing.assert_close(run(sequences(length)), fn(sequences(length)))
     assert len(recorder.graphs) == 2
 
 
@@ -387,9 +392,10 @@ def test_training_at_several_lengths_compiles_one_loop_not_an_unrolled_graph_per
             torch.testing.assert_close(actual, gradients(model, model(h, xs), (h, xs)))
             assert torch._functorch.config.donated_buffer is donated_buffer
     # one graph, and one more where the length becomes dynamic; unrolled, the graph of 20 steps
-    # alone has over 80 nodes
+    # alone has over 80 nodes. (The first, of the known length 20, runs its first 4 steps in the
+    # graph itself and the others in 2 blocks of 8: the default unrolling of this small step.)
     assert len(recorder.graphs) <= 2
-    assert all(len(gm.graph.nodes) < 40 for gm in recorder.graphs)
+    assert all(len(gm.graph.nodes) < 60 for gm in recorder.graphs)
     assert len(recorder.loop_operators()) == len(recorder.graphs)
 
 
@@ -607,3 +613,228 @@ def test_the_compiled_loop_asserts_no_sizes_at_every_step_unless_the_options_ask
     torch.testing.assert_close(out, fn(xs))
     assert "assert_size_stride(" in "".join(code)
     assert torch._inductor.config.size_asserts is before
+
+
+# -- unroll ------------------------------------------------------------------------------------
+
+
+def _python_scan(step: Callable, h: Any, xs: torch.Tensor, reverse: bool = False) -> Any:
+    """The Python loop ``scan`` means, as the docstring of ``torchscan.scan`` writes it."""
+    ys: list[Any] = [None] * len(xs)
+    for t in reversed(range(len(xs))) if reverse else range(len(xs)):
+        h, ys[t] = step(h, xs[t])
+    return h, torch.stack(ys)
+
+
+def _bodies_steps(recorder: GraphRecorder, target: Any) -> list[int]:
+    """How many times ``target`` (or a function of that name) is called in the body of every
+    loop operator compiled."""
+    counts = []
+    for gm in recorder.graphs:
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target is torch.ops.higher_order.scan:
+                body = getattr(gm, node.args[0].target)
+                counts.append(sum(_calls(n, target) for n in body.graph.nodes))
+    return counts
+
+
+def _calls(node: torch.fx.Node, target: Any) -> bool:
+    if isinstance(target, str):
+        return getattr(node.target, "__name__", None) == target
+    return node.target is target
+
+
+# unroll, reverse, lengths: by 3, 8 steps are 2 first and then 2 blocks, 9 are 3 blocks; by 8
+# (the default's choice for this small step too), 20 steps are 4 first and 2 blocks
+UNROLLED = {
+    "unroll=3": (3, False, (8, 9)),
+    "unroll=3, reverse": (3, True, (8, 9)),
+    "unroll=8": (8, False, (20,)),
+    "default, reverse": (None, True, (20,)),
+    "unroll=True": (True, False, (7,)),
+}
+
+
+@pytest.mark.parametrize("case", list(UNROLLED))
+def test_unrolled_scans_give_the_python_loop_s_results_and_gradients(case: str) -> None:
+    unroll, reverse, lengths = UNROLLED[case]
+    step, init, weights = _cells()["LSTMCell"]
+    # dynamic=False: unroll applies where the compiled graph knows the length
+    run = compiled(
+        lambda h, xs: torchscan.scan(step, h, xs, reverse=reverse, unroll=unroll), dynamic=False
+    )
+    for length in lengths:
+        xs = torch.randn(length, 3, 4, requires_grad=True)
+        out = run(init, xs)
+        expected = _python_scan(step, init, xs, reverse)
+        torch.testing.assert_close(out, expected)
+        loss, expected_loss = out[1].pow(2).sum(), expected[1].pow(2).sum()
+        torch.testing.assert_close(
+            torch.autograd.grad(loss, [xs, *weights]),
+            torch.autograd.grad(expected_loss, [xs, *weights]),
+        )
+
+
+@pytest.mark.parametrize(("unroll", "lengths"), [(2, (5, 6)), (5, (13,))])
+def test_unrolled_loops_and_per_leaf_directions_give_the_eager_results(
+    unroll: int, lengths: tuple[int, ...]
+) -> None:
+    def programs(xs: torch.Tensor) -> Any:
+        return (
+            torchscan.loop(
+                lambda i, c: (
+                    (c[0] * 0.9 + c[1].index_select(0, (i % 3)[None])[0], c[1]),
+                    c[0] * i,
+                ),
+                (xs[0], xs[:3]),
+                trip_count=xs.shape[0],
+                unroll=unroll,
+            ),
+            torchscan.scan(
+                lambda c, x: (torch.tanh(c @ W + x[0] - x[1]), {"a": c, "b": x[1] * 2}),
+                torch.zeros(4),
+                (xs, xs.T),
+                in_axes=(0, 1),
+                in_reverse=(False, True),
+                out_reverse={"a": True, "b": False},
+                unroll=unroll,
+            ),
+            torchscan.scan(
+                lambda c, x: (c * 0.5 + x, c),
+                torch.zeros(4),
+                xs,
+                lengths=torch.tensor([0, 1, 5, xs.shape[0]]),
+                unroll=unroll,
+            ),
+            torchscan.loop(  # with until: one iteration per iteration of the while_loop
+                lambda i, c: (c * 1.5, c.sum(), torchscan.until(c.sum() > 20)),
+                xs[0].abs() + 1,
+                trip_count=xs.shape[0],
+                unroll=unroll,
+            ),
+        )
+
+    run = compiled(programs, "aot_eager", fullgraph=True, dynamic=False)
+    # by 2: 1 step first, then 2 blocks (5); 3 whole blocks (6). By 5: 3 steps first, then 2
+    # blocks (13)
+    for length in lengths:
+        xs = sequences(length)
+        torch.testing.assert_close(run(xs), programs(xs))
+
+
+def test_unroll_puts_that_many_steps_in_each_iteration() -> None:
+    def fn(xs, unroll):
+        return torchscan.scan(elman, torch.zeros(4), xs, unroll=unroll)
+
+    found = {}
+    for length, unroll, dynamic in [
+        (11, 1, False), (11, "False", False), (11, 4, False), (12, 4, False), (11, "True", False),
+        (11, 4, True), (7, 4, False),
+    ]:  # fmt: skip
+        torch._dynamo.reset()
+        recorder = GraphRecorder()
+        xs = sequences(length)
+        asked = {"True": True, "False": False}.get(unroll, unroll)  # (True == 1 as keys)
+        torch.testing.assert_close(
+            compiled(fn, recorder, dynamic=dynamic)(xs, asked), fn(xs, 1), rtol=0, atol=0
+        )
+        found[length, unroll, dynamic] = (
+            _bodies_steps(recorder, torch.tanh),
+            sum(node.target is torch.tanh for node in recorder.graphs[0].graph.nodes),
+        )
+    # (the steps of each loop operator's body, the steps in the graph itself, where the first
+    # step traced on its own is one)
+    assert found == {
+        (11, 1, False): ([1], 1),
+        (11, "False", False): ([1], 1),
+        (11, 4, False): ([4], 1 + 3),  # the first 3 steps, then 2 blocks of 4
+        (12, 4, False): ([4], 1),  # 3 blocks
+        (11, "True", False): ([], 1 + 11),  # every step in the graph
+        (11, 4, True): ([1], 1),  # a symbolic length runs one step per iteration
+        (7, 4, False): ([1], 1),  # one block and the 3 steps before it run one by one
+    }
+
+
+@pytest.mark.parametrize("cell", ["tanh(h @ W + x)", "LSTMCell"])
+def test_the_default_unrolls_small_steps_and_leaves_large_ones(cell: str) -> None:
+    def fn(h, xs, model):
+        if cell == "LSTMCell":
+            return torchscan.scan(lambda c, x: (model(x, c), c[0]), h, xs)
+        return torchscan.scan(lambda c, x: (torch.tanh(c @ model + x), c), h, xs)
+
+    found = {}
+    for name, (batch, hidden) in {"small": (64, 16), "large": (16, 512)}.items():
+        torch._dynamo.reset()
+        recorder = GraphRecorder()
+        model = (
+            torch.nn.LSTMCell(hidden, hidden) if cell == "LSTMCell" else torch.randn(hidden, hidden)
+        )
+        h = torch.zeros(batch, hidden)
+        h = (h, h) if cell == "LSTMCell" else h
+        xs = torch.randn(40, batch, hidden)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(fn, recorder)(h, xs, model), fn(h, xs, model))
+        target = "lstm_cell" if cell == "LSTMCell" else torch.tanh
+        found[name] = max(_bodies_steps(recorder, target))
+    assert found == {"small": 8, "large": 1}
+
+
+def test_the_chosen_unrolling_falls_as_the_step_grows() -> None:
+    from torchscan import _compiled
+
+    chosen = [_compiled._chosen_now(4, 2, flops, "cpu") for flops in (10**3, 10**5, 10**6, 10**7)]
+    assert chosen == sorted(chosen, reverse=True)
+    assert chosen[0] == _compiled.MOST_UNROLLED
+    assert chosen[-1] == 1
+    # no more operations in an iteration than MOST_OPERATIONS
+    assert _compiled._chosen_now(100, 2, 10**3, "cpu") * 100 <= _compiled.MOST_OPERATIONS
+    assert _compiled._chosen_now(4, 2, 10**3, "a device without figures") == 1
+
+
+def test_unroll_changes_nothing_eagerly_or_in_an_export() -> None:
+    def fn(xs, unroll=None):
+        return torchscan.scan(elman, torch.zeros(4), xs, unroll=unroll)
+
+    xs = sequences(9)
+    assert torch.equal(fn(xs, 4)[1], fn(xs)[1])
+
+    class Model(torch.nn.Module):
+        def __init__(self, unroll: Any) -> None:
+            super().__init__()
+            self.unroll = unroll
+
+        def forward(self, xs):
+            return fn(xs, self.unroll)
+
+    codes = [
+        torch.export.export(Model(unroll), (xs,)).graph_module.print_readable(print_output=False)
+        for unroll in (None, 4, True)
+    ]
+    assert codes[0] == codes[1] == codes[2]
+
+
+@pytest.mark.parametrize("api", ["torchscan.scan", "torchscan.loop"])
+@pytest.mark.parametrize(
+    ("unroll", "error", "message"),
+    [
+        (0, ValueError, r"unroll must be at least 1 \(the steps each iteration of the compiled "
+         r"loop runs\), but it is 0\."),
+        (-3, ValueError, "unroll must be at least 1 .* but it is -3."),
+        (2.0, TypeError, "unroll must be an int of at least 1, True, False or None, but got a "
+         "float"),
+        ("4", TypeError, "unroll must be an int of at least 1, True, False or None, but got a "
+         "str"),
+        (torch.tensor(4), TypeError, r"unroll must be an int .* but got int64\[\] on cpu"),
+    ],
+)  # fmt: skip
+def test_a_wrong_unroll_is_refused_eagerly_and_compiled(
+    api: str, unroll: Any, error: type, message: str
+) -> None:
+    def fn(xs):
+        if api == "torchscan.scan":
+            return torchscan.scan(elman, torch.zeros(4), xs, unroll=unroll)
+        return torchscan.loop(lambda i, c: (c + 1, c), xs[0], trip_count=3, unroll=unroll)
+
+    for run in (fn, compiled(fn)):
+        with pytest.raises(error, match=f"^{api}: {message}"):
+            run(sequences(3))

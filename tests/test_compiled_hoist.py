@@ -71,6 +71,26 @@ def test_the_input_projection_leaves_the_loop_with_the_loops_results_and_gradien
     assert_gradients_equal(got, want, [h, xs, *step.parameters()])
 
 
+def test_unrolled_steps_leave_their_input_projections_out_of_the_loop():
+    # 22 steps unrolled by 4, backward: the last 2 in the graph itself, then 5 blocks of 4 steps
+    reverse = True
+    torch.manual_seed(0)
+    step = Elman()
+    h, xs = randn(B, H, grad=True), randn(22, B, H, grad=True)
+
+    def run(h, xs):
+        return torchscan.scan(step, h, xs, reverse=reverse, unroll=4)
+
+    got = torch.compile(run)(h, xs)
+    (moved, stayed), *others = _compiled_hoist.last
+    assert not others
+    assert moved >= 3 * 4
+    assert stayed >= 3 * 4
+    want = scan_loop(step, h, xs, reverse=reverse)
+    torch.testing.assert_close(got, want)
+    assert_gradients_equal(got, want, [h, xs, *step.parameters()])
+
+
 def test_a_loop_bodys_work_on_the_iteration_number_alone_leaves_the_loop():
     torch.manual_seed(1)
     w, U = randn(H, grad=True), (randn(H, H) / 3).requires_grad_()

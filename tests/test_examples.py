@@ -38,6 +38,10 @@ BENCHMARKS = {
     "suite.py": ["--quick"],
     "speed.py": ["--quick", "--memory", "--cells", "RNN", "LSTM"],
     "compiled_loop.py": ["--T", "3", "--B", "2", "--H", "4", "--repeats", "1", "--calls", "1"],
+    "unroll.py": [
+        *("--T", "3", "18", "--B", "2", "--H", "4", "--repeats", "1", "--budget-s", "0.001"),
+        *("--settings", "default options"),
+    ],
     "compile_scan.py": [
         *("--T", "3", "5", "--B", "2", "--H", "4", "--repeats", "1", "--compile-repeats", "1"),
         *("--backend", "aot_eager"),
@@ -58,6 +62,7 @@ ROWS = {
     "suite.py": 24 + 6 + 6 + 6 + 12,
     "speed.py": 2 * (2 * 2) * 2,  # 2 cells, 2 lengths, 2 modes; speed and memory
     "compiled_loop.py": 2 + 2 * 3,  # eager: 2; compiled: torchscan and torch's scan, 3 settings
+    "unroll.py": 2 * 2 * 2 * 3,  # 2 cells, 2 modes, 2 lengths, 3 implementations
     "compile_scan.py": 2 * 4 + 2 + 4,  # per length 4 implementations; compile ratios; graphs
 }
 

@@ -111,9 +111,10 @@ def _compiled(step: Callable[..., Any]) -> int:
         return gm.forward
 
     torch._dynamo.reset()
-    torch.compile(lambda h, xs: torchscan.scan(step, h, xs), backend=backend, fullgraph=True)(
-        torch.zeros(B, H), torch.randn(T, B, H)
-    )
+    # unroll=1: the body of the loop operator is one step
+    torch.compile(
+        lambda h, xs: torchscan.scan(step, h, xs, unroll=1), backend=backend, fullgraph=True
+    )(torch.zeros(B, H), torch.randn(T, B, H))
     torch._dynamo.reset()
     (gm,) = graphs
     (scan,) = [

@@ -81,6 +81,7 @@ def good_call() -> dict:
         ({"reverse": 0}, TypeError, "reverse must be True or False, but got an int"),
         ({"axis": False}, TypeError, "axis must be an int, but got a bool"),
         ({"hoist": 1}, TypeError, "hoist must be True, False or None, but it is an int"),
+        ({"unroll": 0}, ValueError, "unroll must be at least 1"),
         ({"fn": 3}, TypeError, "fn must be callable, but got an int"),
         ({"init": 0.0}, TypeError, "init must be a tensor or None"),
         ({"length": 4}, ValueError, "length must agree with it"),

@@ -159,6 +159,26 @@ def check_int(api: str, name: str, value: Any, *, symbolic: bool = False) -> Any
     raise TorchscanTypeError(f"{api}: {name} must be an int, but got {describe(value)}.")
 
 
+def check_unroll(api: str, unroll: Any) -> int | bool | None:
+    """``unroll`` as given, where it is ``None``, a bool or an int of at least 1 (a Python or
+    numpy integer)."""
+    if unroll is None or isinstance(unroll, bool):
+        return unroll
+    if not isinstance(unroll, torch.Tensor):
+        with contextlib.suppress(TypeError):
+            steps = operator.index(unroll)
+            if steps < 1:
+                raise TorchscanValueError(
+                    f"{api}: unroll must be at least 1 (the steps each iteration of the compiled "
+                    f"loop runs), but it is {steps}."
+                )
+            return steps
+    raise TorchscanTypeError(
+        f"{api}: unroll must be an int of at least 1, True, False or None, but got "
+        f"{describe(unroll)}."
+    )
+
+
 def scan_axes(api: str, axis: Any, xs: Any, leaves: Sequence[Any]) -> list[int | None]:
     """The scanned axis of every ``xs`` leaf, made non-negative; ``None`` for ``None`` leaves."""
     axis = check_int(api, "axis", axis)

@@ -379,6 +379,14 @@ def run_untraced_by_dynamo(fn: Any) -> Any:
     return fn
 
 
+def known_size(size: Any) -> bool:
+    """Whether ``size`` is an int the traced program knows, not a symbolic size (TorchDynamo
+    shows both as ints), without a guard that would fix it."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(size < sys.maxsize)
+
+
 def guard_on_data_dependent_error() -> type[GuardOnDataDependentSymNode]:
     """The error torch raises where a traced program reads a size that depends on data in
     Python (``GuardOnDataDependentSymNode``)."""
@@ -882,6 +890,11 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "torch._subclasses.fake_tensor", "FakeTensor", "leave the values of fake lengths unread"
     ),
     PrivateSymbol("torch.fx.experimental.symbolic_shapes", "ShapeEnv", "symbolic sizes"),
+    PrivateSymbol(
+        "torch.fx.experimental.symbolic_shapes",
+        "statically_known_true",
+        "unroll a compiled loop where its length is known",
+    ),
     PrivateSymbol(
         "torch.fx.experimental.symbolic_shapes",
         "ShapeEnv.ignore_fresh_unbacked_symbols",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -121,6 +122,7 @@ def scan(plan: ScanPlan) -> tuple[Any, Any]:
         per_leaf=None
         if plan.direction is not None
         else (plan.out.axes(out[1]), plan.out.reverse(out[1])),
+        unroll=unroll_for(plan.unroll, first, device_of([*plan.carry.leaves, *plan.xs_leaves])),
     )
 
 
@@ -181,6 +183,7 @@ def loop(plan: LoopPlan) -> tuple[Any, Any]:
         realign=True,
         axis=0,
         copied=copied,
+        unroll=unroll_for(plan.unroll, found, device),
     )
 
 
@@ -200,6 +203,7 @@ class FirstStep:
     broke: bool
     bumps: tuple[int, ...] = ()
     reshapes_views: bool = False
+    cost: StepCost | None = None
 
     def reshaped_items(self, n_carry: int, n_items: int) -> list[bool]:
         """Which tensors of the item (an ``x`` of every ``xs`` leaf that is a tensor) the step
@@ -241,7 +245,8 @@ def first_step(
         _compat.dynamo_graph_break(
             "torchscan: the step changes an argument, or a tensor from outside it, in place"
         )
-    return FirstStep(out, False, reshapes_views=found == _RESHAPES_VIEWS)
+    cost = _step_cost(arguments)
+    return FirstStep(out, False, reshapes_views=found == _RESHAPES_VIEWS, cost=cost)
 
 
 def _copy_tensors(tree: Any) -> Any:
@@ -286,7 +291,74 @@ def _changes_in_place_now(start: int, arguments: int) -> int:
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """What a step traced by TorchDynamo computes: ``operations`` nodes of its graph (views
+    included), of which ``products`` are matrix products, and about ``flops`` floating-point
+    operations (``2 m n k`` for a product, an element's worth for every element any other
+    operation makes)."""
+
+    operations: int
+    products: int
+    flops: int
+
+
+_PRODUCTS = frozenset({
+    "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "linear", "einsum",
+    "dot", "vdot", "inner", "tensordot", "bilinear", "conv1d", "conv2d", "conv3d",
+})  # fmt: skip
+_CELLS = frozenset({"lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"})
+
+
+def _step_cost_now(arguments: int) -> StepCost:
+    """The :class:`StepCost` of the nodes TorchDynamo traced since its graph had ``arguments``
+    nodes other than placeholders."""
+    traced = [node for node in _compat.dynamo_graph_nodes() if node.op != "placeholder"]
+    operations = products = flops = 0
+    for node in traced[arguments:]:
+        name = _name(node.target).rsplit(".", 1)[-1]
+        if name in _CELLS:  # input, hx, w_ih, w_hh, ...: two products per gate
+            values = [getattr(a, "meta", {}).get("example_value") for a in node.args[:4]]
+            batch, _, w_ih, w_hh = (values + [None] * 4)[:4]
+            if isinstance(batch, torch.Tensor) and batch.ndim:
+                weights = [w for w in (w_ih, w_hh) if isinstance(w, torch.Tensor)]
+                rows = _elements(batch) // max(_static(batch.shape[-1]), 1)
+                operations, products = operations + 1, products + 2
+                flops += 2 * rows * sum(_elements(w) for w in weights)
+            continue
+        value = node.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
+            continue
+        operations += 1
+        elements = _elements(value)
+        if node.target is operator.matmul or name in _PRODUCTS:
+            products += 1
+            inner = [a for a in node.args if isinstance(a, torch.fx.Node)][:1]
+            first = inner[0].meta.get("example_value") if inner else None
+            depth = (
+                _static(first.shape[-1]) if isinstance(first, torch.Tensor) and first.ndim else 1
+            )
+            flops += 2 * elements * depth
+        else:
+            flops += elements
+    return StepCost(operations, products, flops)
+
+
+def _elements(tensor: torch.Tensor) -> int:
+    return math.prod(_static(size) for size in tensor.shape)
+
+
+def _static(size: Any) -> int:
+    """``size`` as an int, a symbolic size taken for :data:`SYMBOLIC_SIZE` (reading the value it
+    has in this trace would fix it in the compiled graph)."""
+    return size if isinstance(size, int) else SYMBOLIC_SIZE
+
+
+SYMBOLIC_SIZE = 64
+
+
 _graph_size = _compat.run_untraced_by_dynamo(_graph_size_now)
+_step_cost = _compat.run_untraced_by_dynamo(_step_cost_now)
 _changes_in_place = _compat.run_untraced_by_dynamo(_changes_in_place_now)
 
 _IN_PLACE_OPERATORS = {
@@ -452,6 +524,7 @@ def run_scan(
     hoist: bool | None = None,
     copied: bool = False,
     per_leaf: tuple[Sequence[int], Sequence[bool]] | None = None,
+    unroll: int | bool = 1,
 ) -> tuple[Any, Any]:
     """Every step of a scan without ``until`` as torch's ``scan`` operator.
 
@@ -462,7 +535,8 @@ def run_scan(
     the carry out of the loop (:mod:`torchscan._hoist._inductor`). With ``copied``, ``fn`` is
     given copies of its arguments (a step that reshapes views of them in place). ``per_leaf``,
     the axis and the direction of every leaf of ``y`` (``None`` ones included), stacks each on its
-    own, in place of ``axis`` and ``realign``.
+    own, in place of ``axis`` and ``realign``. Each iteration of the loop operator runs
+    ``unroll`` steps (:func:`_unrolled`).
     """
     carry_flat, carry = _Flat.of(init)
     y_flat, y0 = _Flat.of(out0[1])
@@ -495,7 +569,7 @@ def run_scan(
     _leave_out_size_asserts()
     if hoist is not False:
         _hoist_in_this_compile()
-    final, ys = _compat.scan_operator()(combine, carry, sequences, dim=0, reverse=reverse)
+    final, ys = _unrolled(combine, carry, sequences, length, unroll, reverse=reverse)
     final = [_compat.dense_gradient(t) for t in final[:n_carry]]
     final, ys = carry_codec.decode(final), y_codec.decode(ys)
     if per_leaf is not None:
@@ -506,6 +580,135 @@ def run_scan(
     if reverse and not realign:
         ys = [y.flip(0) for y in ys]
     return carry_flat.build(final), y_flat.build([y.movedim(0, axis) for y in ys])
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceCost:
+    """What running a compiled loop costs on a kind of device: ``iteration_s`` seconds for each
+    iteration of a loop operator (Inductor's Python wrapper calls its condition and its body,
+    reads the step counter, allocates the step's buffers), ``kernel_s`` for each kernel it
+    launches, and ``flops_per_s`` for the arithmetic of a small step."""
+
+    iteration_s: float
+    kernel_s: float
+    flops_per_s: float
+
+
+DEVICE_COSTS = {
+    "cpu": DeviceCost(iteration_s=2e-6, kernel_s=1e-6, flops_per_s=1e10),
+    "cuda": DeviceCost(iteration_s=2e-5, kernel_s=5e-6, flops_per_s=1e12),
+}
+"""The CPU's, measured by ``benchmarks/compiled_loop.py`` (Inductor's default options, one
+thread); the others' assumed from the CPU's, for a device launching kernels asynchronously and
+reading the step counter across a synchronization."""
+ITERATION_SHARE = 0.005
+"""The share of a step's time that the iterations of the loop operator may cost under the
+unrolling :func:`unroll_for` chooses."""
+MOST_UNROLLED = 8
+"""The most steps :func:`unroll_for` puts in one iteration: past it, the measured speed-up is
+under 2 percent."""
+MOST_OPERATIONS = 256
+"""The most operations of unrolled steps :func:`unroll_for` puts in one iteration (Inductor's
+compile time grows with the body)."""
+
+
+def unroll_for(requested: int | bool | None, first: FirstStep, device: Any) -> int | bool:
+    """How many steps each iteration of the loop operator runs (:func:`_unrolled`): as
+    ``requested`` (``True``: all of them; ``False``: one), or for ``None`` the fewest that make
+    the iterations' cost at most :data:`ITERATION_SHARE` of the steps' (at most
+    :data:`MOST_UNROLLED`, and :data:`MOST_OPERATIONS` operations), estimated from the first
+    step's :class:`StepCost` and the device's :class:`DeviceCost`."""
+    if requested is None:
+        cost = first.cost
+        if cost is None:
+            return 1
+        return _chosen(cost.operations, cost.products, cost.flops, torch.device(device).type)
+    return 1 if requested is False else requested
+
+
+def _chosen_now(operations: int, products: int, flops: int, device_type: str) -> int:
+    device = DEVICE_COSTS.get(device_type)
+    if device is None:
+        return 1
+    step_s = device.kernel_s * (products + 1) + flops / device.flops_per_s
+    steps = 1
+    while steps < MOST_UNROLLED and device.iteration_s / steps > ITERATION_SHARE * step_s:
+        steps *= 2
+    while steps > 1 and steps * operations > MOST_OPERATIONS:
+        steps //= 2
+    return steps
+
+
+# run as TorchDynamo traces: traced, its floats would become symbols of the graph
+_chosen = _compat.run_untraced_by_dynamo(_chosen_now)
+
+
+def _unrolled(
+    combine: Callable[[list[torch.Tensor], list[torch.Tensor]], Any],
+    carry: list[torch.Tensor],
+    sequences: list[torch.Tensor],
+    length: Any,
+    unroll: int | bool,
+    *,
+    reverse: bool,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``scan(combine, carry, sequences, reverse=reverse)`` with torch's ``scan`` operator, each
+    of its iterations running ``unroll`` steps in order.
+
+    The first ``(length - 1) % unroll + 1`` steps run in the graph itself, then the
+    ``(length - 1) // unroll`` blocks of ``unroll`` steps, one block per iteration of the loop
+    operator; where the steps run backward, the first ones are the last of the sequences.
+    Fewer than two blocks run one step per iteration, as does a symbolic length: Inductor
+    allocates the outputs of a loop operator from the symbols of its inputs, and cannot for the
+    backward pass of one whose length is an expression of another size (``KeyError`` in
+    ``lower_to_while_loop``, torch 2.13 to 2.15). ``unroll=True`` runs every step in the graph
+    itself, no loop operator.
+    """
+    scan = _compat.scan_operator()
+    if unroll is True:  # (a symbolic length is then fixed)
+        return _block(combine, carry, sequences, int(length), reverse=reverse)
+    blocks = (length - 1) // unroll
+    if unroll == 1 or not _compat.known_size(length) or blocks < 2:
+        return scan(combine, carry, sequences, dim=0, reverse=reverse)
+
+    def block(c: list[torch.Tensor], x: list[torch.Tensor]) -> Any:
+        return _block(combine, c, x, unroll, reverse=reverse)
+
+    if length % unroll == 0:  # whole blocks
+        in_blocks = [s.reshape(length // unroll, unroll, *s.shape[1:]) for s in sequences]
+        carry, ys = scan(block, carry, in_blocks, dim=0, reverse=reverse)
+        return carry, [y.reshape(length, *y.shape[2:]) for y in ys]
+    first = (length - 1) % unroll + 1
+    whole = blocks * unroll
+    head = [s.narrow(0, whole if reverse else 0, first) for s in sequences]
+    carry, ys_first = _block(combine, carry, head, first, reverse=reverse)
+    in_blocks = [
+        s.narrow(0, 0 if reverse else first, whole).reshape(blocks, unroll, *s.shape[1:])
+        for s in sequences
+    ]
+    carry, ys = scan(block, carry, in_blocks, dim=0, reverse=reverse)
+    ys = [y.reshape(whole, *y.shape[2:]) for y in ys]
+    pairs = zip(ys, ys_first, strict=True) if reverse else zip(ys_first, ys, strict=True)
+    return carry, [torch.cat(pair) for pair in pairs]
+
+
+def _block(
+    combine: Callable[[list[torch.Tensor], list[torch.Tensor]], Any],
+    carry: list[torch.Tensor],
+    sequences: list[torch.Tensor],
+    steps: int,
+    *,
+    reverse: bool,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``steps`` steps of ``combine`` over the first ``steps`` elements of ``sequences`` (from the
+    last where ``reverse``), their ys stacked in the order of the elements."""
+    ys: list[list[torch.Tensor]] = []
+    for j in reversed(range(steps)) if reverse else range(steps):
+        carry, y = combine(carry, [s[j] for s in sequences])
+        ys.append(y)
+    if reverse:
+        ys.reverse()
+    return carry, [torch.stack(column) for column in zip(*ys, strict=True)]
 
 
 def run_loop(

@@ -35,6 +35,7 @@ def loop(
     trip_count: SupportsIndex | torch.Tensor | None = None,
     cond: bool | torch.Tensor | None = None,
     checkpoint: int | Literal["sqrt"] | Checkpoint | None = None,
+    unroll: int | bool | None = None,
 ) -> tuple[Carry, Y]:
     """Run ``body`` with an iteration number and a carry, as ONNX ``Loop`` does.
 
@@ -92,6 +93,8 @@ def loop(
             binomial schedule (``Checkpoint(snapshots=c)``) does where ``trip_count`` is given;
             without it, that schedule places its ``c`` carries as the iterations run (the
             online schedule of docs/loop.md).
+        unroll: under ``torch.compile``, how many iterations each iteration of the compiled
+            loop runs, as in ``scan``; a body that returns ``until`` runs one per iteration.
 
     Returns:
         ``(carry, ys)``: the carry after the last iteration, and the ``y`` of every iteration
@@ -100,13 +103,14 @@ def loop(
 
     Raises:
         TypeError: ``body`` is not callable or does not return ``(carry, y)`` or ``(carry, y,
-            until(stop))``; ``stop``, ``trip_count``, ``cond`` or ``checkpoint`` has the wrong
-            type; a leaf is
+            until(stop))``; ``stop``, ``trip_count``, ``cond``, ``checkpoint`` or ``unroll``
+            has the wrong type; a leaf is
             not a tensor; the carry or ``y`` changes structure, shape, dtype or device at any
             iteration; ``until`` is not the last item ``body`` returns.
         ValueError: the loop could never end (no ``trip_count`` and no ``until``); tensors of
             ``init`` on different devices; ``body`` changes ``i`` or its carry in place;
-            ``checkpoint`` is an int below 1, or ``"sqrt"`` without ``trip_count``; the
+            ``checkpoint`` or ``unroll`` is an int below 1, or ``checkpoint`` is ``"sqrt"``
+            without ``trip_count``; the
             backward pass of ``Checkpoint(snapshots=c)`` over a body that reads a tensor
             requiring gradients where no torch function mode sees it.
 
@@ -122,7 +126,13 @@ def loop(
     """
     if _dispatch.checkpoints_outside_compile(checkpoint):
         return _dispatch.run_outside_compile(
-            loop, body, init, trip_count=trip_count, cond=cond, checkpoint=checkpoint
+            loop,
+            body,
+            init,
+            trip_count=trip_count,
+            cond=cond,
+            checkpoint=checkpoint,
+            unroll=unroll,
         )
     _checks.check_callable(_API, "body", body)
     _checks.check_parameters(
@@ -148,6 +158,7 @@ def loop(
         cond=_check_cond(cond),
         never_ends=_NEVER_ENDS if trip_count is None else "",
         checkpoint=_checkpoint.resolve(_API, checkpoint),
+        unroll=_checks.check_unroll(_API, unroll),
     )
     return _dispatch.run(plan)
 

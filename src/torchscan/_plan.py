@@ -44,6 +44,9 @@ class ScanPlan:
         wherever the step allows it, ``False`` never.
       checkpoint: what the steps keep for the backward pass and what it runs again
         (:class:`torchscan.Checkpoint`); ``None``: everything they save.
+      unroll: the steps each iteration of the loop operator runs under ``torch.compile``: an
+        int, ``True`` for all of them, ``None`` for a number chosen from the step's cost
+        (:func:`torchscan._compiled.unroll_for`).
       memo: what is derived from the plan's metadata alone, kept for the next calls whose
         arguments have the same :func:`arguments_key` (their plans share it).
     """
@@ -62,6 +65,7 @@ class ScanPlan:
     loop_operator: bool = True
     hoist: bool | None = None
     checkpoint: Checkpoint | None = None
+    unroll: int | bool | None = None
     memo: dict[str, Any] = dataclasses.field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -175,6 +179,8 @@ class LoopPlan:
         the loop; empty where something does.
       checkpoint: what the iterations keep for the backward pass and what it runs again
         (:class:`torchscan.Checkpoint`); ``None``: everything they save.
+      unroll: the iterations each iteration of the loop operator runs under ``torch.compile``,
+        as in :class:`ScanPlan`.
     """
 
     protocol: _steps.Protocol
@@ -184,6 +190,7 @@ class LoopPlan:
     cond: Any
     never_ends: str
     checkpoint: Checkpoint | None = None
+    unroll: int | bool | None = None
 
     @property
     def user(self) -> Callable[..., Any]:

@@ -49,6 +49,7 @@ def scan(
     batch_axis: SupportsIndex = 0,
     hoist: bool | None = None,
     checkpoint: int | Literal["sqrt"] | Checkpoint | None = None,
+    unroll: int | bool | None = None,
 ) -> tuple[Carry, Y]: ...
 
 
@@ -69,6 +70,7 @@ def scan(
     batch_axis: SupportsIndex = 0,
     hoist: bool | None = None,
     checkpoint: int | Literal["sqrt"] | Checkpoint | None = None,
+    unroll: int | bool | None = None,
 ) -> tuple[Carry, Y]: ...
 
 
@@ -88,6 +90,7 @@ def scan(
     batch_axis: SupportsIndex = 0,
     hoist: bool | None = None,
     checkpoint: int | Literal["sqrt"] | Checkpoint | None = None,
+    unroll: int | bool | None = None,
 ) -> tuple[Carry, Y]:
     """Loop ``fn`` over an axis of ``xs`` while carrying state, stacking what each step returns.
 
@@ -198,6 +201,16 @@ def scan(
             (``save=``). It changes no result, and applies where autograd records and neither
             ``torch.compile`` nor a ``torch.func`` transform runs the scan; an export is the
             same with and without it. See the guide's "Long sequences".
+        unroll: under ``torch.compile``, how many steps each iteration of the compiled loop
+            runs (as ``jax.lax.scan``'s ``unroll``), which divides the loop's cost per
+            iteration by as many: an int ``k`` runs the first ``(n - 1) % k + 1`` steps one by
+            one, then the others in blocks of ``k`` (one by one where fewer than two blocks
+            remain); ``True`` runs every step in the compiled graph itself, which is then
+            compiled again for each length; ``False`` or ``1`` runs one step per iteration;
+            ``None`` (the default) chooses from the cost of the step, more for a step of small
+            kernels (up to 8), 1 for a large one. It changes no result, and nothing eagerly,
+            with ``until`` (a loop that may stop runs one step per iteration) or in an export.
+            See the guide's "Unrolling".
 
     Returns:
         ``(carry, ys)``: the carry after the last step, and every leaf of ``y`` stacked along
@@ -209,14 +222,16 @@ def scan(
             or ``y`` is not a tensor or ``None``; the carry or ``y`` changes structure, shape,
             dtype or device at any step; ``reverse`` is not a bool; ``lengths`` is not a tensor
             of integers; ``xs`` is a ``PackedSequence``; ``hoist`` is not a bool or ``None``;
-            ``checkpoint`` is not an int, ``"sqrt"``, a ``Checkpoint`` or ``None``.
+            ``checkpoint`` is not an int, ``"sqrt"``, a ``Checkpoint`` or ``None``; ``unroll``
+            is not an int, a bool or ``None``.
         ValueError: ``axis`` is out of range for an ``xs`` or ``y`` leaf; the ``xs`` leaves have
             different lengths; ``length`` is missing, negative or disagrees with ``xs``; the
             tensors of ``init`` and ``xs`` are on different devices; ``fn`` changes its carry
             or ``x`` in place; ``in_axes``, ``out_axes``, ``in_reverse`` or ``out_reverse`` is
             not a prefix of its tree or does not fit a leaf; ``lengths`` is not 1-d, holds a
             length out of ``[0, n]``, is on another device, or a carry or ``y`` leaf has
-            another batch size along ``batch_axis``; ``checkpoint`` is an int below 1; the
+            another batch size along ``batch_axis``; ``checkpoint`` or ``unroll`` is an int
+            below 1; the
             backward pass of ``Checkpoint(snapshots=c)`` over a step that reads a tensor
             requiring gradients where no torch function mode sees it.
 
@@ -245,6 +260,7 @@ def scan(
         batch_axis=batch_axis,
         hoist=hoist,
         checkpoint=checkpoint,
+        unroll=unroll,
     )
 
 
@@ -266,6 +282,7 @@ def scan_in_order(
     batch_axis: Any = 0,
     hoist: bool | None = None,
     checkpoint: Any = None,
+    unroll: Any = None,
 ) -> tuple[Any, Any]:
     """``scan``, with choices the public function does not offer: ``realign=False`` leaves
     ``ys`` in the order the steps ran when ``reverse`` (Theano's ``go_backwards``), where ``scan``
@@ -291,6 +308,7 @@ def scan_in_order(
             batch_axis=batch_axis,
             hoist=hoist,
             checkpoint=checkpoint,
+            unroll=unroll,
         )
     options = None
     if (
@@ -300,7 +318,17 @@ def scan_in_order(
         and out_reverse is None
         and lengths is None
     ):
-        options = (axis, reverse, length, realign, loop_operator, hoist, batch_axis, checkpoint)
+        options = (
+            axis,
+            reverse,
+            length,
+            realign,
+            loop_operator,
+            hoist,
+            batch_axis,
+            checkpoint,
+            unroll,
+        )
         done = _run_checked(fn, init, xs, options)
         if done is not None:
             return done
@@ -313,6 +341,7 @@ def scan_in_order(
             f"{_API}: hoist must be True, False or None, but it is {_checks.describe(hoist)}."
         )
     policy = _checkpoint.resolve(_API, checkpoint)
+    unroll = _checks.check_unroll(_API, unroll)
     _lengths.refuse_packed(_API, xs)
     xs_leaves, xs_spec = _pytree.tree_flatten(xs)
     read_backwards, stacked_backwards = _layout.directions(
@@ -343,6 +372,7 @@ def scan_in_order(
         loop_operator=loop_operator,
         hoist=hoist,
         checkpoint=policy,
+        unroll=unroll,
     )
     _checks.check_int(_API, "batch_axis", batch_axis)
     if lengths is not None:

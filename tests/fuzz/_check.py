@@ -227,7 +227,36 @@ def check_compiled(program: Program) -> bool:
     f32 = "float32" in program.source() or any(i.dtype == "float32" for i in program.inputs)
     assert_close([a.numpy() for a in actual], expected, "compiled", f32)
     check_compiled_gradients(program, eager, inputs, f32)
+    if UNROLLED_LENGTH in program.lengths:
+        check_unrolled(program, eager, f32)
     return True
+
+
+UNROLLED_LENGTH = 5
+"""The length at which :func:`check_unrolled` runs a program: by 2, a first step and then two
+blocks, the fewest that run unrolled."""
+
+
+def check_unrolled(program: Program, eager: torch.nn.Module, f32: bool) -> None:
+    """The program compiled at :data:`UNROLLED_LENGTH`, a length the graph knows, with every scan
+    and loop of it whose ``unroll`` it leaves to torchscan unrolled by 2: its values and the
+    gradients of a loss computed in it, against eager."""
+    from torchscan import _compiled
+
+    inputs = program.inputs_at(UNROLLED_LENGTH)
+    with torch.no_grad():
+        expected = leaves(eager(*inputs))
+    chosen = _compiled._chosen
+    _compiled._chosen = lambda *cost: 2
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            actual = leaves(torch.compile(eager, dynamic=False)(*inputs))
+        assert_close([a.numpy() for a in actual], expected, "compiled, unrolled by 2", f32)
+        check_compiled_gradients(program, eager, inputs, f32)
+    finally:
+        _compiled._chosen = chosen
+        torch._dynamo.reset()
 
 
 def check_compiled_gradients(
