@@ -644,12 +644,11 @@ def _calls(node: torch.fx.Node, target: Any) -> bool:
     return node.target is target
 
 
-# unroll, reverse, lengths: by 3, 8 steps are 2 first and then 2 blocks, 9 are 3 blocks; by 8
-# (the default's choice for this small step too), 20 steps are 4 first and 2 blocks
+# unroll, reverse, lengths: by 3, 8 steps are 2 first and then 2 blocks, 9 are 3 blocks; by
+# default (8 for this small step), 20 steps are 4 first and 2 blocks
 UNROLLED = {
     "unroll=3": (3, False, (8, 9)),
     "unroll=3, reverse": (3, True, (8, 9)),
-    "unroll=8": (8, False, (20,)),
     "default, reverse": (None, True, (20,)),
     "unroll=True": (True, False, (7,)),
 }
