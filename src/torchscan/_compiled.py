@@ -667,9 +667,9 @@ def _unrolled(
     scan = _compat.scan_operator()
     if unroll is True:  # (a symbolic length is then fixed)
         return _block(combine, carry, sequences, int(length), reverse=reverse)
-    blocks = (length - 1) // unroll
-    if unroll == 1 or not _compat.known_size(length) or blocks < 2:
+    if unroll == 1 or not _compat.known_size(length) or (length - 1) // unroll < 2:
         return scan(combine, carry, sequences, dim=0, reverse=reverse)
+    blocks = (length - 1) // unroll
 
     def block(c: list[torch.Tensor], x: list[torch.Tensor]) -> Any:
         return _block(combine, c, x, unroll, reverse=reverse)
